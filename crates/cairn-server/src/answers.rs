@@ -4,14 +4,14 @@
 //! Over HTTP/2 a client can leave a stream's window closed while its connection
 //! answers pings: the connection never stalls, so [`crate::conns::Watched`] never
 //! ends it, and every answer on such a stream stays in memory (review r34 L6:
-//! about 200 answers of 1 MiB a connection, 128 connections an address). So each
-//! answer is weighed when it is built and held against its caller's share and
-//! the server's whole budget until it is taken or dropped; one that does not fit
-//! is dropped at once and refused with `429 answers_not_taken`, which clients
-//! retry. A caller is the credential it presents (a token, a console session),
-//! or its address when it presents none: the answers worth holding need a
-//! credential that authenticates, and another spelling of a wrong one is
-//! answered with a few bytes.
+//! about 200 answers of 1 MiB a connection, 128 connections an address). So room
+//! for each answer to a GET is taken before it is made ([`Answers::reserve`]),
+//! the rest once it is weighed ([`Answers::hold`]), and held against its
+//! caller's share and the server's whole budget until it is taken or dropped;
+//! one that finds no room within [`ROOM_WAIT`] is refused with `429
+//! answers_not_taken`, which clients retry. A caller is the token or console
+//! user its credential authenticates ([`caller`]); requests without a valid one
+//! share a small pool by address.
 //!
 //! The body hands its answer out in frames of at most [`crate::pipe::FRAME`]
 //! bytes, each holding the answer's place: what the connection still holds of
@@ -35,8 +35,9 @@ pub struct Weight(pub u64);
 /// Who an answer is counted against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
-    /// A token (by its id) or a console user (by name), authenticated: however
-    /// many spellings of the token or sessions of the user, one share.
+    /// A token or a console user, by its id (a user's is `user-NAME`),
+    /// authenticated: however many spellings of the token or sessions of the
+    /// user, one share.
     Known(String),
     /// Whoever presents no valid credential, by address ([`crate::conns`]: an
     /// IPv6 /64 is one): their answers (the console's page, refusals) share a
@@ -95,13 +96,24 @@ impl Answers {
         let kib = usize::try_from(expected.div_ceil(1024)).unwrap_or(usize::MAX);
         let until = tokio::time::Instant::now() + ROOM_WAIT;
         loop {
+            // Asked before trying, so that room given back in between wakes it.
+            let released = self.released(caller);
+            tokio::pin!(released);
+            released.as_mut().enable();
             if let Some(p) = self.enter(caller, kib) {
                 return Ok(p);
             }
-            if tokio::time::Instant::now() >= until {
+            if tokio::time::timeout_at(until, released).await.is_err() {
                 return Err(self.refusal());
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Resolves when room in `caller`'s pool is given back.
+    fn released(&self, caller: &Caller) -> tokio::sync::futures::Notified<'_> {
+        match caller {
+            Caller::Known(_) => self.known.released(),
+            Caller::Anonymous(_) => self.anonymous.released(),
         }
     }
 
@@ -199,13 +211,8 @@ const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub fn expected_weight(headers: &HeaderMap) -> u64 {
     headers
         .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("bytes="))
-        .and_then(|r| r.split_once('-'))
-        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-        .map_or(64 << 10, |(a, b)| {
-            b.saturating_sub(a).saturating_add(1).min(12 << 20)
-        })
+        .and_then(|v| crate::api::parse_range(v.to_str().ok()?).ok())
+        .map_or(64 << 10, |(_, len)| len.min(12 << 20))
 }
 
 /// What an answer holds at most: what its streamer said, else its length, else
@@ -220,38 +227,21 @@ fn weight_of(resp: &Response) -> u64 {
 }
 
 /// Who a request's answers are counted against: the token or console user its
-/// credential authenticates (as [`crate::api::authenticate`] and the session
-/// cookie read it), or, with none that does, its address.
+/// credential authenticates, read as the API reads it ([`crate::api::authenticate`],
+/// and the session cookie as [`crate::signin::cookie_auth`] turns it into one),
+/// or, with none that does, its address.
 pub fn caller(app: &crate::App, headers: &HeaderMap, peer: std::net::IpAddr) -> Caller {
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let session = match auth {
-        Some(v) => v.strip_prefix("Session ").map(str::to_string),
-        None => crate::signin::cookie(headers, crate::signin::COOKIE),
-    };
-    let token = |presented: &str| {
-        app.tokens
-            .authenticate(presented)
-            .ok()
-            .flatten()
-            .map(|t| Caller::Known(format!("token {}", t.id)))
-    };
-    let known = match (session, auth) {
-        (Some(id), _) => match app.signins.get(&id) {
-            Some((crate::signin::Identity::User(name, _), _)) => {
-                Some(Caller::Known(format!("user {name}")))
+    let known = if headers.contains_key(header::AUTHORIZATION) {
+        crate::api::authenticate(app, headers).ok()
+    } else {
+        crate::signin::cookie(headers, crate::signin::COOKIE).and_then(|id| {
+            match app.signins.get(&id)?.0 {
+                crate::signin::Identity::Token(t) => app.tokens.authenticate(&t).ok().flatten(),
+                crate::signin::Identity::User(..) => crate::api::session_user(app, &id).ok(),
             }
-            Some((crate::signin::Identity::Token(t), _)) => token(&t),
-            None => None,
-        },
-        (None, Some(v)) => v
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .and_then(|(_, t)| token(t.trim())),
-        (None, None) => None,
+        })
     };
-    known.unwrap_or(Caller::Anonymous(peer))
+    known.map_or(Caller::Anonymous(peer), |t| Caller::Known(t.id))
 }
 
 /// An answer's body with its place in the budget, handed out a frame at a time.
@@ -385,7 +375,7 @@ mod tests {
     /// The frames hold the answer's place after the body is gone: the budget
     /// counts them until the connection drops the last one.
     #[tokio::test]
-    async fn the_tail_handed_out_holds_the_place_until_dropped() {
+    async fn frames_handed_out_hold_the_place_until_dropped() {
         let a = Answers::new(16, 16);
         let mut body = a
             .hold(Caller::Known("x".into()), None, answer(200_000))

@@ -276,7 +276,7 @@ pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<TokenEnt
 }
 
 /// The user of console session `id`, as the user file says now.
-fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
+pub(crate) fn session_user(app: &App, id: &str) -> ApiResult<TokenEntry> {
     let expired = || {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -823,7 +823,7 @@ async fn read_piece(
 
 /// `bytes=START-END` (inclusive end) into offset and length. `bytes=START-` with
 /// an empty end is refused: a client always knows what it wants.
-fn parse_range(v: &str) -> ApiResult<(u64, u64)> {
+pub(crate) fn parse_range(v: &str) -> ApiResult<(u64, u64)> {
     let bad = || ApiError::bad(format!("unsupported Range {v:?} (use bytes=START-END)"));
     let spec = v.strip_prefix("bytes=").ok_or_else(bad)?;
     let (a, b) = spec.split_once('-').ok_or_else(bad)?;

@@ -19,6 +19,8 @@ pub struct Places<K> {
     floor: usize,
     /// Places held in all, and by key (keys holding none are dropped).
     open: Mutex<(usize, HashMap<K, usize>)>,
+    /// Told when a place is given back ([`Places::released`]).
+    given_back: tokio::sync::Notify,
 }
 
 /// Connections per address ([`Places::enter_from`]).
@@ -47,7 +49,14 @@ impl<K: Hash + Eq + Clone> Places<K> {
             all: all.max(1),
             floor: floor.min(each),
             open: Mutex::new((0, HashMap::new())),
+            given_back: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Resolves when a place is given back after it is enabled or first polled:
+    /// a wait for room that does not poll.
+    pub fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.given_back.notified()
     }
 
     /// A place for `key`, or `None` when it holds `each` already or all places
@@ -119,6 +128,8 @@ impl<K: Hash + Eq> Drop for Place<K> {
                 open.remove(&self.key);
             }
         }
+        drop(guard);
+        self.of.given_back.notify_waiters();
     }
 }
 

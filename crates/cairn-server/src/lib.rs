@@ -279,8 +279,8 @@ fn warn_pack_size(name: &str, summary: &ConfigSummary, max_object_size: u64) {
         log_line(&format!(
             "warning: datastore {name} makes packs of up to {p} bytes (its pack_size), more \
              than max_object_size ({max_object_size}): backups through this server fail \
-             unless they use smaller packs (`cairn config --pack-size`); raise \
-             max_object_size, or lower the datastore's pack size"
+             unless they use smaller packs (`backup --pack-size`); raise max_object_size, \
+             or lower the datastore's pack size (`cairn config --pack-size`)"
         ));
     }
 }

@@ -2169,7 +2169,7 @@ impl Walk<'_> {
         let action = if keep_meta {
             FileAction::Unchanged
         } else {
-            match overwrite::dir_action_at(
+            overwrite::dir_action_at(
                 Some(parent.fd()),
                 &name,
                 (!opened.created).then_some(&opened.stat),
@@ -2177,15 +2177,8 @@ impl Walk<'_> {
                 &node,
                 self.opts.owners,
                 &self.opts.xattrs,
-            ) {
-                // `always` sets an existing directory's metadata again, and the
-                // summary counts it written: `-v` says so too (QA r35: listed
-                // "unchanged" while the summary said every directory was written).
-                FileAction::Unchanged if self.opts.overwrite == Overwrite::Always => {
-                    FileAction::Updated
-                }
-                a => a,
-            }
+                self.opts.overwrite,
+            )
         };
         // Listed as it is entered, so that its entries come after it.
         if self.opts.list_files {

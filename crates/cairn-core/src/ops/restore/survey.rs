@@ -225,7 +225,7 @@ pub(super) fn dry_run(
                     }
                     _ => {
                         let dir = existing.as_ref().filter(|_| !other_there);
-                        let action = match overwrite::dir_action_at(
+                        let action = overwrite::dir_action_at(
                             parent,
                             &name,
                             dir,
@@ -233,13 +233,8 @@ pub(super) fn dry_run(
                             &node,
                             opts.owners,
                             &opts.xattrs,
-                        ) {
-                            // As the restore says it: `always` sets it again.
-                            FileAction::Unchanged if opts.overwrite == super::Overwrite::Always => {
-                                FileAction::Updated
-                            }
-                            a => a,
-                        };
+                            opts.overwrite,
+                        );
                         say(action, &path, 0);
                         // As the restore counts it: already the snapshot's, kept.
                         match dir {

@@ -162,7 +162,16 @@ impl Answers {
     /// dropped). Only answers to GET are held: refusing another request's
     /// answer would hide that it was done (a pack stored, a session begun), and
     /// those answers are a few bytes (review r36 H2).
-    pub fn hold(&self, caller: Caller, early: Option<Place>, resp: Response) -> Response {
+    ///
+    /// `taking` follows its frames on their connection, which ends when the
+    /// client leaves one untaken too long ([`crate::conns::Untaken`]).
+    pub fn hold(
+        &self,
+        caller: Caller,
+        early: Option<Place>,
+        resp: Response,
+        taking: Arc<crate::conns::Taking>,
+    ) -> Response {
         let weight = weight_of(&resp);
         let kib = usize::try_from(weight.div_ceil(1024)).unwrap_or(usize::MAX);
         // The place taken before the answer was made, if it is enough.
@@ -182,6 +191,7 @@ impl Answers {
                 inner,
                 current: Bytes::new(),
                 place: Arc::new(place),
+                taking,
             })
         })
     }
@@ -256,12 +266,21 @@ struct Held {
     /// still held was counted nowhere). A frame is a slice of the buffer the
     /// answer was read into, which it keeps alive: counted as long as it lives.
     place: Arc<Place>,
+    /// Told of every frame handed out and taken.
+    taking: Arc<crate::conns::Taking>,
 }
 
 /// A frame handed out, holding the answer's place in the budget.
 struct Frame {
     data: Bytes,
     _place: Arc<Place>,
+    taking: Arc<crate::conns::Taking>,
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        self.taking.taken();
+    }
 }
 
 impl AsRef<[u8]> for Frame {
@@ -283,9 +302,11 @@ impl http_body::Body for Held {
         loop {
             if !this.current.is_empty() {
                 let n = this.current.len().min(crate::pipe::FRAME);
+                this.taking.handed();
                 let frame = Bytes::from_owner(Frame {
                     data: this.current.split_to(n),
                     _place: this.place.clone(),
+                    taking: this.taking.clone(),
                 });
                 return Poll::Ready(Some(Ok(http_body::Frame::data(frame))));
             }
@@ -323,12 +344,72 @@ mod tests {
         Response::new(axum::body::Body::from(vec![5u8; len]))
     }
 
+    /// An answer's frames, on a connection of their own.
+    fn watched() -> Arc<crate::conns::Taking> {
+        crate::conns::Untaken::default().track()
+    }
+
+    /// A connection one of whose answers has frames out that none is taken of
+    /// is stalled after the limit; one whose client takes them is not, however
+    /// long it takes in all, nor one whose answer is not yet made.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_takes_none_of_an_answer_is_stalled() {
+        use std::time::Duration;
+        let a = Answers::new(16, 16);
+        let conn = crate::conns::Untaken::default();
+        async fn stalled(conn: &crate::conns::Untaken) -> bool {
+            let limit = Duration::from_secs(120);
+            tokio::time::timeout(Duration::from_secs(130), conn.stalled(limit))
+                .await
+                .is_ok()
+        }
+        // Made, not yet handed out: no frame waits.
+        let idle = a.hold(
+            Caller::Known("x".into()),
+            None,
+            answer(1 << 20),
+            conn.track(),
+        );
+        assert!(!stalled(&conn).await, "an answer not started");
+        // Taken a frame every 100 s: slow, not stalled.
+        let mut body = idle.into_body();
+        let mut frames = 0;
+        let mut taker = Box::pin(async {
+            while let Some(f) = body.frame().await {
+                frames += 1;
+                tokio::time::sleep(Duration::from_secs(100)).await;
+                drop(f);
+            }
+        });
+        let watch = stalled(&conn);
+        tokio::select! {
+            _ = &mut taker => panic!("16 frames taken in 130 s"),
+            s = watch => assert!(!s, "a slow client"),
+        }
+        drop(taker);
+        assert_eq!(frames, 2);
+        // A frame handed out and never taken: stalled.
+        let mut body = a
+            .hold(
+                Caller::Known("y".into()),
+                None,
+                answer(1 << 20),
+                conn.track(),
+            )
+            .into_body();
+        let kept = body.frame().await;
+        assert!(stalled(&conn).await, "a frame left untaken");
+        drop(kept);
+        assert!(!stalled(&conn).await, "taken at last");
+    }
+
     /// A caller's answers hold its share until they are taken or dropped; one
     /// that does not fit is refused and another caller is answered.
     #[tokio::test]
     async fn answers_not_taken_hold_their_callers_share() {
         let a = Answers::with_floor(2, 3, 1);
-        let hold = |who: &str, len: usize| a.hold(Caller::Known(who.into()), None, answer(len));
+        let hold =
+            |who: &str, len: usize| a.hold(Caller::Known(who.into()), None, answer(len), watched());
         let one = hold("token a", 1 << 20);
         assert_eq!(one.status(), 200);
         let two = hold("token a", 1 << 20);
@@ -355,7 +436,8 @@ mod tests {
         let mut s = answer(10);
         s.extensions_mut().insert(Weight(3 << 20));
         assert_eq!(
-            a.hold(Caller::Known("token d".into()), None, s).status(),
+            a.hold(Caller::Known("token d".into()), None, s, watched())
+                .status(),
             429
         );
         assert_eq!(hold("token d", 1 << 20).status(), 200);
@@ -364,6 +446,7 @@ mod tests {
             Caller::Anonymous("10.0.0.1".parse().unwrap()),
             None,
             answer(1 << 20),
+            watched(),
         );
         assert_eq!(anon.status(), 200);
         assert_eq!(a.refused(), 3);
@@ -378,7 +461,7 @@ mod tests {
     async fn frames_handed_out_hold_the_place_until_dropped() {
         let a = Answers::new(16, 16);
         let mut body = a
-            .hold(Caller::Known("x".into()), None, answer(200_000))
+            .hold(Caller::Known("x".into()), None, answer(200_000), watched())
             .into_body();
         let mut frames = Vec::new();
         while let Some(f) = body.frame().await {
@@ -405,6 +488,7 @@ mod tests {
                 Caller::Known("x".into()),
                 None,
                 Response::new(axum::body::Body::from(src.clone())),
+                watched(),
             )
             .into_body();
         let mut got = Vec::new();

@@ -737,7 +737,7 @@ const STREAM_PIECE: u64 = 1 << 20;
 /// answer starts, so that a pack gone or damaged at once is answered with its
 /// status as before (review r34); a read that fails later ends the answer short
 /// of its `Content-Length`: the client sees a broken transfer, never a short
-/// object. A client that takes nothing for [`crate::WRITE_STALL`] is given up
+/// object. A client that takes nothing for [`App::stall`] is given up
 /// ([`crate::pipe`]: over HTTP/2 a stream can stall while its connection goes on).
 async fn stream_object(
     app: &Arc<App>,
@@ -750,7 +750,7 @@ async fn stream_object(
 ) -> Result<Response, ApiError> {
     let first_len = piece.min(size);
     let first = read_piece(app, store, &name, start, first_len).await?;
-    let (tx, body) = crate::pipe::pipe(1);
+    let (tx, body) = crate::pipe::pipe(1, app.stall());
     let (app, store, token) = (app.clone(), store.clone(), token.to_string());
     tokio::spawn(async move {
         let (mut data, mut off) = (first, first_len);
@@ -762,12 +762,12 @@ async fn stream_object(
             match tx.send(data).await {
                 Ok(()) => {}
                 Err(crate::pipe::Stop::Gone) => return,
-                Err(crate::pipe::Stop::Stalled) => {
+                Err(crate::pipe::Stop::Stalled(after)) => {
                     crate::log_line(&format!(
                         "datastore {}: sending {name}: the client took none of it for {} s; \
                          given up",
                         store.name,
-                        crate::WRITE_STALL.as_secs()
+                        after.as_secs()
                     ));
                     return;
                 }

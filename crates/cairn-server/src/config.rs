@@ -10,6 +10,7 @@
 //! max_connections_per_ip = 128
 //! answer_memory_mib = 2048
 //! answer_memory_per_caller_mib = 512
+//! answer_stall_secs = 120
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
 //! restart_lock_secs = 360
@@ -59,6 +60,9 @@ pub struct ServerConfig {
     /// fit is refused with `429` ([`crate::answers`]).
     pub answer_memory_mib: u64,
     pub answer_memory_per_caller_mib: u64,
+    /// Seconds a client may take none of an answer before the server gives it
+    /// up and ends the connection ([`crate::conns::Untaken`]).
+    pub answer_stall_secs: u64,
     /// Hours after which a lock made by a backup or restore token may no longer be
     /// refreshed (a week by default: longer than any sane backup, short enough that
     /// a hijacked client cannot keep prune from deleting forever).
@@ -143,6 +147,7 @@ pub struct FileConfig {
     pub max_connections_per_ip: Option<usize>,
     pub answer_memory_mib: Option<u64>,
     pub answer_memory_per_caller_mib: Option<u64>,
+    pub answer_stall_secs: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
     pub restart_lock_secs: Option<u64>,
@@ -352,6 +357,7 @@ impl ServerConfig {
             max_connections_per_ip: file.max_connections_per_ip.unwrap_or(128).max(1),
             answer_memory_mib: file.answer_memory_mib.unwrap_or(2048),
             answer_memory_per_caller_mib: file.answer_memory_per_caller_mib.unwrap_or(512),
+            answer_stall_secs: file.answer_stall_secs.unwrap_or(120),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             restart_lock_secs: file.restart_lock_secs.unwrap_or(360),
@@ -422,6 +428,8 @@ impl ServerConfig {
                 16,
                 1 << 30,
             ),
+            // Long enough for a client's pause, short enough to matter.
+            ("answer_stall_secs", config.answer_stall_secs, 5, 86_400),
         ] {
             if !(min..=max).contains(&value) {
                 return Err(ConfigError::Invalid(format!(
@@ -579,6 +587,10 @@ mod tests {
             ("request_timeout_secs = 0", "request_timeout_secs = 0"),
             ("max_object_size = 0", "max_object_size = 0"),
             ("max_lock_age_hours = 0", "max_lock_age_hours = 0"),
+            (
+                "answer_stall_secs = 1",
+                "answer_stall_secs = 1: must be between 5",
+            ),
         ] {
             std::fs::write(&f, format!("{line}\n[datastores]\na = \"/x\"\n")).unwrap();
             let e = ServerConfig::from_flags(&Flags {

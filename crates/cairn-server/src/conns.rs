@@ -133,6 +133,93 @@ impl<K: Hash + Eq> Drop for Place<K> {
     }
 }
 
+/// The answers of one connection that its client has not taken, so that a
+/// connection that leaves one of them untaken too long is ended (audit r36
+/// F4). Over HTTP/1 a client that stops taking its answer stalls the
+/// connection's writes, which [`Watched`] ends; over HTTP/2 it can shut one
+/// stream's window while the connection goes on answering pings, and that
+/// answer, with its room in [`crate::answers`], stayed for as long as the
+/// connection did.
+#[derive(Default)]
+pub struct Untaken {
+    answers: Mutex<Vec<std::sync::Weak<Taking>>>,
+}
+
+/// One answer's frames handed to the connection: how many it has not sent or
+/// dropped yet, and since when the client has taken none of them.
+pub struct Taking {
+    out: Mutex<(usize, tokio::time::Instant)>,
+}
+
+impl Taking {
+    /// A frame is handed to the connection: with none out before, the client's
+    /// clock starts now.
+    pub fn handed(&self) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if out.0 == 0 {
+            out.1 = tokio::time::Instant::now();
+        }
+        out.0 += 1;
+    }
+
+    /// A frame handed out was sent (or dropped): the client took something.
+    pub fn taken(&self) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        out.0 = out.0.saturating_sub(1);
+        out.1 = tokio::time::Instant::now();
+    }
+
+    /// How long frames of it have waited with none taken, if any wait.
+    fn waiting(&self, now: tokio::time::Instant) -> Option<std::time::Duration> {
+        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        (out.0 > 0).then(|| now.saturating_duration_since(out.1))
+    }
+}
+
+impl Untaken {
+    /// A new answer's frames, watched while the answer lives.
+    pub fn track(&self) -> Arc<Taking> {
+        let taking = Arc::new(Taking {
+            out: Mutex::new((0, tokio::time::Instant::now())),
+        });
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        // Answers that ended are swept as they pile up: a connection holds at
+        // most a few hundred streams at once.
+        if answers.len() >= 64 && answers.len().is_power_of_two() {
+            answers.retain(|a| a.strong_count() > 0);
+        }
+        answers.push(Arc::downgrade(&taking));
+        taking
+    }
+
+    /// The longest any of the connection's answers has waited with none of it
+    /// taken.
+    fn longest_wait(&self) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.retain(|a| a.strong_count() > 0);
+        answers
+            .iter()
+            .filter_map(|a| a.upgrade()?.waiting(now))
+            .max()
+    }
+
+    /// Resolves once an answer of the connection has waited `limit` with none
+    /// of it taken (looked at every eighth of `limit`, at most every 15 s).
+    pub async fn stalled(&self, limit: std::time::Duration) {
+        let every = (limit / 8).clamp(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(15),
+        );
+        loop {
+            tokio::time::sleep(every).await;
+            if self.longest_wait().is_some_and(|w| w >= limit) {
+                return;
+            }
+        }
+    }
+}
+
 /// What counts as one address: see [`Places::enter_from`].
 pub(crate) fn address_of(ip: IpAddr) -> IpAddr {
     match ip {

@@ -1371,7 +1371,7 @@ pub async fn download(
         }
         _ => None,
     };
-    let (tx, body) = crate::pipe::pipe(4);
+    let (tx, body) = crate::pipe::pipe(4, app.stall());
     let path = q.path.clone();
     crate::log_line(&format!(
         "datastore {ds}: {} downloads {path} of snapshot {id}{}",

@@ -151,6 +151,12 @@ struct Pacers {
 }
 
 impl App {
+    /// How long a client may take none of an answer before the answer is
+    /// given up and its connection ended (`answer_stall_secs`).
+    pub fn stall(&self) -> Duration {
+        Duration::from_secs(self.config.answer_stall_secs)
+    }
+
     /// Waits as long as the bandwidth limits require for a transfer of `bytes` by
     /// `token` (`upload`: client to server).
     pub async fn pace_transfer(&self, token: &str, upload: bool, bytes: u64) {
@@ -1197,8 +1203,18 @@ async fn run(
         };
         let held = (permit, place);
         let _ = tcp.set_nodelay(true);
-        let service = logged(app.clone(), router.clone(), timeout, peer);
+        // Its answers not yet taken: one left so too long ends it.
+        let untaken = Arc::new(conns::Untaken::default());
+        let service = logged(app.clone(), router.clone(), timeout, peer, untaken.clone());
         let builder = connection_builder();
+        let stall = app.stall();
+        let stalled = async move {
+            untaken.stalled(stall).await;
+            log_line(&format!(
+                "{peer} closed: its client took none of an answer for {} s (answer_stall_secs)",
+                stall.as_secs()
+            ));
+        };
         match &acceptor {
             Some(acc) => {
                 let acc = acc.clone();
@@ -1215,22 +1231,28 @@ async fn run(
                         Ok(Ok(s)) => s,
                         _ => return,
                     };
-                    let tls = conns::Watched::new(tls, FIRST_REQUEST_WITHIN, WRITE_STALL);
+                    let tls = conns::Watched::new(tls, FIRST_REQUEST_WITHIN, stall);
                     let io = hyper_util::rt::TokioIo::new(tls);
                     let conn = builder.serve_connection_with_upgrades(io, service);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    tokio::select! {
+                        _ = watcher.watch(conn.into_owned()) => {}
+                        () = stalled => {}
+                    }
                     drop(held);
                 });
             }
             None => {
-                let tcp = conns::Watched::new(tcp, FIRST_REQUEST_WITHIN, WRITE_STALL);
+                let tcp = conns::Watched::new(tcp, FIRST_REQUEST_WITHIN, stall);
                 let io = hyper_util::rt::TokioIo::new(tcp);
                 let conn = builder
                     .serve_connection_with_upgrades(io, service)
                     .into_owned();
                 let fut = graceful.watch(conn);
                 tokio::spawn(async move {
-                    let _ = fut.await;
+                    tokio::select! {
+                        _ = fut => {}
+                        () = stalled => {}
+                    }
                     drop(held);
                 });
             }
@@ -1267,12 +1289,6 @@ async fn run(
     }
     Ok(())
 }
-
-/// A connection whose client takes none of what it is sent for this long is
-/// ended, with the answers it held ([`conns::Watched`]). As long as a
-/// client's own silence limit (two minutes by default): a client that is slow
-/// to take its answer is slow, not gone.
-pub(crate) const WRITE_STALL: Duration = Duration::from_secs(120);
 
 /// A new connection's first request must begin within this (after TLS); the
 /// headers then have `header_read_timeout` (30 s) to arrive.
@@ -1312,6 +1328,7 @@ fn logged(
     router: Router,
     timeout: Duration,
     peer: std::net::SocketAddr,
+    untaken: Arc<conns::Untaken>,
 ) -> hyper_util::service::TowerToHyperService<
     impl tower::Service<
         axum::http::Request<hyper::body::Incoming>,
@@ -1324,6 +1341,7 @@ fn logged(
     let svc = tower::service_fn(move |req: axum::http::Request<hyper::body::Incoming>| {
         let app = app.clone();
         let router = router.clone();
+        let untaken = untaken.clone();
         async move {
             let started = Instant::now();
             let method = req.method().clone();
@@ -1353,7 +1371,7 @@ fn logged(
                 // Held to the budget of answers not yet taken until its client
                 // takes it, or refused.
                 Ok::<_, axum::response::Response>(match caller {
-                    Some(c) => app.answers.hold(c, early, resp),
+                    Some(c) => app.answers.hold(c, early, resp, untaken.track()),
                     None => resp,
                 })
             };

@@ -9,7 +9,7 @@
 //!   takes a cut archive for a whole one.
 //! - **A slow client is not a gone one.** The body hands the server pieces of at
 //!   most [`FRAME`] bytes and notes when it last did: a producer waiting for room
-//!   gives up only when the client took nothing for [`crate::WRITE_STALL`], not
+//!   gives up only when the client took nothing for `answer_stall_secs`, not
 //!   when one large piece took that long to go out at a few KiB/s.
 
 use axum::body::Bytes;
@@ -37,8 +37,8 @@ fn now_ms() -> u64 {
 pub enum Stop {
     /// The client went away (its answer was dropped).
     Gone,
-    /// The client took nothing for [`crate::WRITE_STALL`].
-    Stalled,
+    /// The client took nothing for this long (`answer_stall_secs`).
+    Stalled(Duration),
 }
 
 impl Stop {
@@ -47,11 +47,11 @@ impl Stop {
             Stop::Gone => {
                 std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
             }
-            Stop::Stalled => std::io::Error::new(
+            Stop::Stalled(after) => std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
                     "the client took none of the answer for {} s",
-                    crate::WRITE_STALL.as_secs()
+                    after.as_secs()
                 ),
             ),
         }
@@ -73,12 +73,9 @@ pub struct PipeBody {
     done: bool,
 }
 
-/// A pipe holding at most `pieces` pieces besides the one being sent.
-pub fn pipe(pieces: usize) -> (PipeTx, PipeBody) {
-    pipe_with(pieces, crate::WRITE_STALL)
-}
-
-fn pipe_with(pieces: usize, stall: Duration) -> (PipeTx, PipeBody) {
+/// A pipe holding at most `pieces` pieces besides the one being sent, whose
+/// producer gives up when its client takes nothing for `stall`.
+pub fn pipe(pieces: usize, stall: Duration) -> (PipeTx, PipeBody) {
     let (tx, rx) = tokio::sync::mpsc::channel(pieces.max(1));
     let taken = Arc::new(AtomicU64::new(now_ms()));
     (
@@ -127,7 +124,7 @@ impl PipeTx {
                 Err(_) => {
                     let idle = now_ms().saturating_sub(self.taken.load(Ordering::Relaxed));
                     if idle >= self.stall.as_millis() as u64 {
-                        return Err(Stop::Stalled);
+                        return Err(Stop::Stalled(self.stall));
                     }
                 }
             }
@@ -184,7 +181,7 @@ mod tests {
     /// only at the end mark; without it, with an error.
     #[tokio::test]
     async fn a_body_ends_whole_only_when_told() {
-        let (tx, body) = pipe(1);
+        let (tx, body) = pipe(1, Duration::from_secs(120));
         let sender = tokio::spawn(async move {
             tx.send(Bytes::from(vec![1u8; 200_000])).await.unwrap();
             tx.send(Bytes::from_static(b"tail")).await.unwrap();
@@ -193,14 +190,14 @@ mod tests {
         let got = body.collect().await.unwrap().to_bytes();
         sender.await.unwrap();
         assert_eq!(got.len(), 200_004);
-        let (tx, body) = pipe(1);
+        let (tx, body) = pipe(1, Duration::from_secs(120));
         let sender = tokio::spawn(async move {
             tx.send(Bytes::from_static(b"half")).await.unwrap();
             drop(tx);
         });
         assert!(body.collect().await.is_err());
         sender.await.unwrap();
-        let (tx, body) = pipe(4);
+        let (tx, body) = pipe(4, Duration::from_secs(120));
         tx.send(Bytes::from_static(b"x")).await.unwrap();
         tx.fail(std::io::Error::other("damaged")).await;
         let e = body.collect().await.unwrap_err();
@@ -211,7 +208,7 @@ mod tests {
     /// one piece takes; one that takes nothing is given up after the limit.
     #[tokio::test]
     async fn a_slow_client_is_served_and_a_silent_one_given_up() {
-        let (tx, mut body) = pipe_with(1, Duration::from_millis(300));
+        let (tx, mut body) = pipe(1, Duration::from_millis(300));
         let sender = tokio::spawn(async move {
             for _ in 0..3 {
                 // 4 frames a piece, taken one per 150 ms: 600 ms a piece.
@@ -226,10 +223,13 @@ mod tests {
         }
         assert_eq!(got, 12 * FRAME);
         assert_eq!(sender.await.unwrap(), Ok(()));
-        let (tx, _body) = pipe_with(1, Duration::from_millis(300));
+        let (tx, _body) = pipe(1, Duration::from_millis(300));
         let started = Instant::now();
         tx.send(Bytes::from_static(b"a")).await.unwrap();
-        assert_eq!(tx.send(Bytes::from_static(b"b")).await, Err(Stop::Stalled));
+        assert_eq!(
+            tx.send(Bytes::from_static(b"b")).await,
+            Err(Stop::Stalled(Duration::from_millis(300)))
+        );
         assert!(started.elapsed() >= Duration::from_millis(300));
     }
 }

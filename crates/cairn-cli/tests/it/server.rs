@@ -2163,6 +2163,117 @@ fn answers_a_client_never_takes_hold_no_more_than_its_share() {
     assert!(log.contains(" 429 "), "{log}");
 }
 
+/// An HTTP/2 client that leaves an answer untaken (its stream's window shut,
+/// its connection alive) loses the connection after `answer_stall_secs`, and
+/// the answer's room comes back (audit r36 F4: it stayed for as long as the
+/// connection did). A client that takes its answers keeps its connection
+/// however long it then stays idle.
+#[test]
+fn an_answer_left_untaken_ends_its_connection() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(7).bytes(3 << 20, false)).unwrap();
+    env.backup(&[&src]);
+    let srv = Server::with_settings(&env, "answer_stall_secs = 5\n");
+    let token = srv.token("r", "main", "restore");
+    let pack = largest_pack(&env.repo);
+    let name = pack.strip_prefix(&env.repo).unwrap().to_str().unwrap();
+    let uri = format!(
+        "http://127.0.0.1:{}/v1/datastores/main/objects/{name}",
+        srv.port
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let get = move |uri: &str, token: &str| {
+        http::Request::get(uri)
+            .header("authorization", format!("Bearer {token}"))
+            .header("range", "bytes=0-1048575")
+            .body(())
+            .unwrap()
+    };
+    let port = srv.port;
+    let (stuck_for, idle_alive) = rt.block_on(async move {
+        let connect = move |window: u32| async move {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            h2::client::Builder::new()
+                .initial_window_size(window)
+                .handshake::<_, bytes::Bytes>(tcp)
+                .await
+                .unwrap()
+        };
+        // One that takes its answer, then stays idle.
+        let (taker, taker_conn) = connect(1 << 20).await;
+        let mut taker_conn = tokio::spawn(taker_conn);
+        let mut c = taker.clone().ready().await.unwrap();
+        let (resp, _) = c.send_request(get(&uri, &token), true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let mut got = 0;
+        while let Some(d) = body.data().await {
+            let d = d.unwrap();
+            got += d.len();
+            let _ = body.flow_control().release_capacity(d.len());
+        }
+        assert_eq!(got, 1 << 20);
+        // One that leaves its answer untaken.
+        let (stuck, stuck_conn) = connect(0).await;
+        let stuck_conn = tokio::spawn(stuck_conn);
+        let mut c = stuck.clone().ready().await.unwrap();
+        let (resp, _) = c.send_request(get(&uri, &token), true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status().as_u16(), 206);
+        let asked = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(60), stuck_conn)
+            .await
+            .expect("the stalled connection ended within a minute")
+            .unwrap()
+            .ok();
+        let stuck_for = asked.elapsed();
+        drop((resp, stuck));
+        // The idle one is still there, and answers.
+        let idle_alive = tokio::time::timeout(Duration::from_secs(1), &mut taker_conn)
+            .await
+            .is_err();
+        let mut c = taker.clone().ready().await.unwrap();
+        let (resp, _) = c.send_request(get(&uri, &token), true).unwrap();
+        assert_eq!(resp.await.unwrap().status().as_u16(), 206);
+        (stuck_for, idle_alive)
+    });
+    assert!(
+        stuck_for >= Duration::from_secs(4) && stuck_for < Duration::from_secs(30),
+        "ended after {stuck_for:?}"
+    );
+    assert!(
+        idle_alive,
+        "an idle connection that took its answers was ended"
+    );
+    // Both connections gone: nothing is held but the room of the request
+    // that asks (64 KiB).
+    drop(rt);
+    let started = Instant::now();
+    loop {
+        let (_, metrics) = http(srv.port, "GET", "/metrics", None, b"");
+        if metrics
+            .lines()
+            .any(|l| l == "cairn_answer_held_bytes 65536")
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = srv.stop();
+    assert!(
+        log.contains("took none of an answer for 5 s (answer_stall_secs)"),
+        "{log}"
+    );
+}
+
 /// A datastore whose packs are larger than the server takes: said in the log
 /// at start, and the refusal says the two ways out (QA r35: neither).
 #[test]

@@ -630,16 +630,30 @@ fn read_full_at(
     Ok(avail)
 }
 
-/// Reads `buf` at `off` directly when possible, else through the page cache.
+/// Reads `buf` at `off` directly when possible, else through the page cache,
+/// and charges `--read-limit` with what was read. Charged after the read, so
+/// that a failed range read again block by block, or a source that shrank,
+/// is charged for the bytes it gave and no more (review r36 L1); the limiter's
+/// wait then paces the reader's next read.
 fn read_piece(
     src: &Source<'_>,
     buf: &mut [u8],
     off: u64,
     scratch: &mut AlignedBuf,
 ) -> std::io::Result<usize> {
-    if let Some(l) = src.limit {
-        l.take(buf.len() as u64);
+    let r = read_piece_unpaced(src, buf, off, scratch);
+    if let (Some(l), Ok(n)) = (src.limit, &r) {
+        l.take(*n as u64);
     }
+    r
+}
+
+fn read_piece_unpaced(
+    src: &Source<'_>,
+    buf: &mut [u8],
+    off: u64,
+    scratch: &mut AlignedBuf,
+) -> std::io::Result<usize> {
     if let Some(d) = src.direct
         && cairn_backend::direct::read_into(d, off, buf, scratch)
     {

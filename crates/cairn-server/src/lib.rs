@@ -201,6 +201,9 @@ pub struct ConfigSummary {
     pub max_concurrent_jobs: u32,
     /// The size packs are made up to (`pack_size`), when the config says.
     pub pack_size: Option<u64>,
+    /// The largest chunk (`chunker.max_size`): a pack is sealed once it
+    /// reaches `pack_size`, so it may pass it by one chunk.
+    pub largest_chunk: u64,
 }
 
 impl ConfigSummary {
@@ -269,24 +272,33 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
             m.clamp(1, cairn_format::config::MAX_MAX_CONCURRENT_JOBS as u64) as u32
         });
     let pack_size = v.get("pack_size").and_then(|p| p.as_u64());
+    let largest_chunk = v
+        .pointer("/chunker/max_size")
+        .and_then(|m| m.as_u64())
+        .unwrap_or(0);
     Ok(ConfigSummary {
         features,
         max_concurrent_jobs,
         pack_size,
+        largest_chunk,
     })
 }
 
 /// Logs when datastore `name` makes packs larger than the server takes: every
 /// backup through it would fail (QA r35: the server started without a word).
 fn warn_pack_size(name: &str, summary: &ConfigSummary, max_object_size: u64) {
+    // Sealed once it reaches pack_size: one chunk more at most (review r36 L3:
+    // a pack_size equal to max_object_size was not warned of).
     if let Some(p) = summary.pack_size
-        && p > max_object_size
+        && p.saturating_add(summary.largest_chunk) > max_object_size
     {
         log_line(&format!(
-            "warning: datastore {name} makes packs of up to {p} bytes (its pack_size), more \
-             than max_object_size ({max_object_size}): backups through this server fail \
-             unless they use smaller packs (`backup --pack-size`); raise max_object_size, \
-             or lower the datastore's pack size (`cairn config --pack-size`)"
+            "warning: datastore {name} makes packs of its pack_size ({p} bytes) plus a \
+             chunk of up to {} bytes, more than max_object_size ({max_object_size}): \
+             backups through this server fail unless they use smaller packs (`backup \
+             --pack-size`); raise max_object_size, or lower the datastore's pack size \
+             (`cairn config --pack-size`)",
+            summary.largest_chunk
         ));
     }
 }
@@ -413,6 +425,7 @@ impl App {
                 features: Vec::new(),
                 max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
                 pack_size: None,
+                largest_chunk: 0,
             });
             warn_pack_size(name, &summary, config.max_object_size);
             if summary.max_concurrent_jobs > JOBS_WARNING {

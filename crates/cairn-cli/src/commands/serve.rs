@@ -383,9 +383,9 @@ fn scrub(g: &Global, s: &ScrubArgs, config: Option<&std::path::Path>) -> Result<
         // state directory does not hold (QA r29: "no repository at main").
         if config.is_none() && !location.contains('/') && !location.contains(':') {
             return Err(anyhow::Error::new(none).context(format!(
-                "a datastore is named by the settings file (`cairn serve scrub {location} \
-                 --config FILE`); without it, give the datastore's location (`cairn serve \
-                 scrub /srv/cairn/{location}`, or s3:...)"
+                "{location:?} is no datastore's location, and a datastore's name needs \
+                 the settings file (`cairn serve scrub {location} --config FILE`); or give \
+                 its location (`cairn serve scrub /srv/cairn/{location}`, or s3:...)"
             )));
         }
         return Err(none.into());

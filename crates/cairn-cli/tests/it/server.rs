@@ -1058,7 +1058,10 @@ fn scrub_finds_bit_rot_without_the_key() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(10), "{err}");
-    assert!(err.contains("--config FILE"), "{err}");
+    assert!(
+        err.contains("\"main\" is no datastore's location") && err.contains("--config FILE"),
+        "{err}"
+    );
     assert!(err.contains("there is no repository at main"), "{err}");
     // Flip one bit in the largest pack.
     let victim = largest_pack(&env.repo);
@@ -2306,6 +2309,17 @@ fn packs_larger_than_the_server_takes_are_said_at_start_and_when_refused() {
         log.contains("more than max_object_size (1048576)") && log.contains("datastore main"),
         "{log}"
     );
+    // Packs of exactly max_object_size: a pack is sealed once it reaches its
+    // size, one chunk over it at most (review r36 L3: not warned of).
+    let srv = Server::with_settings(&env, "max_object_size = 16777216\n");
+    let log = srv.stop();
+    assert!(
+        log.contains("plus a chunk of up to 65536 bytes, more than max_object_size (16777216)"),
+        "{log}"
+    );
+    let srv = Server::with_settings(&env, "max_object_size = 17825792\n");
+    let log = srv.stop();
+    assert!(!log.contains("max_object_size"), "{log}");
 }
 
 /// An HTTP request with extra headers (`http` sends none).

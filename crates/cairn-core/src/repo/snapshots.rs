@@ -10,7 +10,8 @@ pub type HostRead<'a> =
 /// A `hosts/` record is a host name: short; a larger one is refused unread.
 const MAX_HOST_RECORD: u64 = 255;
 
-/// A `received/` record is decimal Unix seconds: short; a larger one is refused unread.
+/// A `received/` record is decimal Unix seconds, with nanoseconds: short; a larger
+/// one is refused unread.
 const MAX_RECEIVED_RECORD: u64 = 32;
 
 /// The time in a `received/` record, `None` when it holds none: whole seconds

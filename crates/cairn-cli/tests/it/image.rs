@@ -3667,3 +3667,38 @@ fn image_fs_names_128_byte_inodes_instead_of_calling_them_corrupt() {
         "{err}"
     );
 }
+
+/// A file restore (no `--image`) of an image snapshot over an earlier restore of
+/// the same image writes the new image: a block device's time does not move when
+/// its disk is written, so the size and time `if-changed` trusts for files say
+/// nothing here, and the bytes are compared (QA r37: Tuesday's restore left
+/// Monday's disk in place, said "unchanged" and exited 0). One that already
+/// holds the snapshot's bytes is still left as it is.
+#[test]
+fn an_image_restored_over_an_earlier_one_is_compared_by_its_bytes() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("disk.img");
+    let mut data = make_image(&src, 3, 51);
+    let monday = image_snapshot(&env, &src);
+    let when = fs::metadata(&src).unwrap();
+    change(&src, &mut data, &[(MIB + 4096, 8192)], 52);
+    // As a device: same size, same time.
+    set_times(&src, when.mtime(), when.mtime_nsec());
+    let tuesday = image_snapshot(&env, &src);
+    let out = env.path("out");
+    let restore =
+        |snap: &str| env.ok(&["restore", snap, "--json", "--target", out.to_str().unwrap()]);
+    restore(&monday);
+    let restored = out.join("disk.img");
+    assert!(fs::read(&restored).unwrap() != data);
+    let r: serde_json::Value = serde_json::from_str(&restore(&tuesday)).unwrap();
+    assert!(
+        fs::read(&restored).unwrap() == data,
+        "Monday's image kept: {r}"
+    );
+    assert_eq!(r["kept"], 0, "{r}");
+    let r: serde_json::Value = serde_json::from_str(&restore(&tuesday)).unwrap();
+    assert_eq!(r["kept"], 1, "{r}");
+    assert!(fs::read(&restored).unwrap() == data);
+}

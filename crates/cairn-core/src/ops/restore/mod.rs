@@ -113,6 +113,7 @@ pub(crate) fn load_tree(
     Ok(tree)
 }
 
+#[derive(Clone)]
 pub struct RestoreOptions {
     pub target: PathBuf,
     /// What to restore (with everything below it); empty means all. A path of
@@ -135,6 +136,11 @@ pub struct RestoreOptions {
     pub delete: bool,
     /// Read every file written back and compare it with the snapshot.
     pub verify: bool,
+    /// `if-changed` keeps a file of the snapshot's size and time only once its
+    /// bytes are compared too. Set by the restore itself for an image
+    /// snapshot: a block device's time does not move when its disk is written,
+    /// so size and time say nothing of an image restored before (QA r37).
+    pub compare_content: bool,
     /// Write nothing: count what a restore would write, keep and delete.
     pub dry_run: bool,
     /// Write at most this many bytes per second on average (`--write-limit`).
@@ -164,6 +170,7 @@ impl RestoreOptions {
             overwrite: Overwrite::default(),
             delete: false,
             verify: false,
+            compare_content: false,
             dry_run: false,
             write_limit: None,
             xattrs: XattrSelect::default(),

@@ -169,7 +169,7 @@ pub(crate) fn decide(
                         matches!(file_matches(repo, dir, name, st, node), Ok(true))
                     })
                 };
-                let time_says_same = same_time && !opts.verify;
+                let time_says_same = same_time && !opts.verify && !opts.compare_content;
                 if same_time
                     && !metadata_differs(st, node, owners)
                     && xattrs_match(dir, name, &node.xattrs, select)

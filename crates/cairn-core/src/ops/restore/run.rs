@@ -87,6 +87,18 @@ pub fn restore_snapshot<A: Access>(
     opts: &RestoreOptions,
 ) -> Result<RestoreReport> {
     let start = std::time::Instant::now();
+    // An image's size and time say nothing of what an earlier restore of it
+    // holds ([`RestoreOptions::compare_content`]).
+    let compared;
+    let opts = if snapshot.1.image.is_some() && !opts.compare_content {
+        compared = RestoreOptions {
+            compare_content: true,
+            ..opts.clone()
+        };
+        &compared
+    } else {
+        opts
+    };
     let progress = session.progress();
     progress.phase(Phase::Restore);
     if opts.includes.is_empty()

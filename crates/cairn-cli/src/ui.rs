@@ -399,6 +399,13 @@ pub fn warn(message: impl AsRef<str>) {
     emit("warning", "warning: ", message.as_ref());
 }
 
+/// An entry the command could not handle, on standard error as it goes on
+/// (`error: TEXT`; with `--json` an `error` event line, so that standard error
+/// stays JSON: QA r37, `ls`, `diff` and `--image-fs` wrote plain lines there).
+pub fn entry_error(message: impl AsRef<str>) {
+    emit("error", "error: ", message.as_ref());
+}
+
 /// A note on standard error (`note: TEXT`; with `--json` a `notice` event line).
 pub fn note(message: impl AsRef<str>) {
     emit("notice", "note: ", message.as_ref());

@@ -63,7 +63,7 @@ pub fn run(g: &Global, a: &DiffArgs) -> Result<i32> {
     // status is 1.
     let mut errors: Vec<serde_json::Value> = Vec::new();
     let mut on_err = |path: &str, e: cairn_core::Error| {
-        eprintln!("error: {}: {e}", ui::printable(path));
+        ui::entry_error(format!("{path}: {e}"));
         errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
     };
     let summary = diff::diff_each(

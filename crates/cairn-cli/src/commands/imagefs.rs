@@ -58,7 +58,7 @@ pub fn ls(
         },
         &mut |entry, e| {
             let message = e.to_string();
-            eprintln!("error: {}", ui::printable(&message));
+            ui::entry_error(&message);
             errors.push(serde_json::json!({ "path": entry, "message": message }));
         },
     );
@@ -158,7 +158,7 @@ pub fn restore(
         crate::ui::warn(w);
     }
     for f in &r.failed {
-        eprintln!("error: {}", ui::printable(&f.error));
+        ui::entry_error(&f.error);
     }
     if g.json {
         super::print_json_report(&r)?;

@@ -140,7 +140,7 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
         }
     };
     let mut on_err = |path: &str, e: cairn_core::Error| {
-        eprintln!("error: {}: {e}", crate::ui::printable(path));
+        crate::ui::entry_error(format!("{path}: {e}"));
         errors.push(serde_json::json!({ "path": path, "message": e.to_string() }));
     };
     // Several paths, as restic's: each is looked up (and spelled as the
@@ -332,7 +332,7 @@ fn ncdu(
     };
     let mut on_err = |p: &str, e: cairn_core::Error| {
         errors += 1;
-        eprintln!("error: {}: {e}", crate::ui::printable(p));
+        crate::ui::entry_error(format!("{p}: {e}"));
     };
     cairn_core::ls::list(session, root, path, true, &mut f, &mut on_err)?;
     let close = "]".repeat(open.len().saturating_sub(1));

@@ -923,8 +923,38 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     );
     assert!(e.contains("cannot be used with"), "{e}");
     let target = env.path("out");
-    let o = env.run(&fs_restore(&snap, "/", &target));
+    let mut args = fs_restore(&snap, "/", &target).to_vec();
+    args.push("--json");
+    let o = env.run(&args);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
+    // The file holding the zeros is named, and left with the restore's time and
+    // mode 0600; the other is restored as it was (QA r37: only the root was
+    // named, and the file looked intact).
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed"], serde_json::json!([]), "{r}");
+    let warned = r["warnings"].as_array().unwrap();
+    assert_eq!(warned.len(), 1, "{r}");
+    assert!(
+        warned[0].as_str().unwrap().contains(&format!(
+            "{}: holds zeros where the image could not be read at backup",
+            target.join("root/payload").display()
+        )),
+        "{r}"
+    );
+    // Standard error stays JSON lines.
+    for line in String::from_utf8_lossy(&o.stderr).lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|_| panic!("{line}"));
+    }
+    let damaged = fs::metadata(target.join("root/payload")).unwrap();
+    assert_eq!(damaged.mode() & 0o7777, 0o600);
+    assert_eq!(fs::read(target.join("root/small")).unwrap(), b"elsewhere\n");
+    // The image readable again: its restore over this one writes the file whole.
+    let good = env.path("fs-good.img");
+    fs::copy(&img, &good).unwrap();
+    let healed = image_snapshot(&env, &good);
+    let o = env.run(&fs_restore(&healed, "/", &target));
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(fs::read(target.join("root/payload")).unwrap() == payload);
 
     // A directory's block unreadable at backup time: the listing fails there,
     // naming the ranges as the likely cause (QA: "corrupt filesystem" alone).

@@ -372,6 +372,19 @@ impl ImageFs {
             .then_some(self.bytes.unreadable.as_slice())
     }
 
+    /// Runs `read`, and says whether what it read lay in a range of the image
+    /// that could not be read at backup (and holds zeros there). Reads are made
+    /// one at a time (a restore's walk), so the flag says what `read` touched.
+    fn noting_zeros<T>(&self, read: impl FnOnce() -> T) -> (T, bool) {
+        let before = self.bytes.touched.swap(false, Ordering::Relaxed);
+        let out = read();
+        let touched = self.bytes.touched.load(Ordering::Relaxed);
+        self.bytes
+            .touched
+            .store(before || touched, Ordering::Relaxed);
+        (out, touched)
+    }
+
     /// Stops listings, dumps and restores at their next piece once `cancel` is
     /// (`Error::Cancelled`).
     pub fn with_cancel(mut self, cancel: crate::progress::CancelToken) -> ImageFs {
@@ -1419,7 +1432,8 @@ impl ImageFs {
             .ext2
             .zip(inode.as_ref())
             .filter(|(_, i)| i.size == meta.len() && i.mode() & 0o7777 == meta.mode());
-        r.report.bytes += self.dump_to(path, own, &mut w, shown)?;
+        let (copied, zeros) = self.noting_zeros(|| self.dump_to(path, own, &mut w, shown));
+        r.report.bytes += copied?;
         let f = w.finish().map_err(io)?;
         r.unfinished -= 1;
         r.report.files += 1;
@@ -1430,8 +1444,27 @@ impl ImageFs {
         if let (Some(fs), Some(i)) = (r.ext2, &inode) {
             self.set_xattrs(fs, i, f.as_fd(), false, shown, r);
         }
-        sys::chmod_fd(f.as_fd(), mode).map_err(io)?;
-        let _ = sys::futimens(f.as_fd(), times, times);
+        if zeros {
+            // Zeros where the backup could not read the image: named, and left
+            // with the restore's time and mode 0600 as a file restore leaves a
+            // file it could not restore in full, so that nothing syncing by
+            // size and time (the next `if-changed` restore of a good snapshot
+            // among them) takes it as whole (QA r37: restored as intact).
+            sys::chmod_fd(f.as_fd(), 0o600).map_err(io)?;
+            r.report.warnings.push(format!(
+                "{}: holds zeros where the image {}; left with the restore's time \
+                     and mode 0600",
+                shown.display(),
+                if self.repaired {
+                    "could not be read at backup or was lost in the repository"
+                } else {
+                    "could not be read at backup"
+                }
+            ));
+        } else {
+            sys::chmod_fd(f.as_fd(), mode).map_err(io)?;
+            let _ = sys::futimens(f.as_fd(), times, times);
+        }
         if let (Some(n), Some(i)) = (linked, &inode) {
             let id = sys::fstat(f.as_fd()).map_err(io)?.id();
             self.first_link(n, i, dir_fd, cname, id, shown, r);

@@ -64,14 +64,36 @@ pub(super) fn long_line(e: &Entry) -> String {
 }
 
 pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
-    if a.image_fs.image_fs.is_some() && (a.sort != "name" || a.reverse) {
-        anyhow::bail!("--sort and --reverse order a file snapshot's listing, not --image-fs");
+    // Options that cannot be taken together: refused before anything is read,
+    // as a usage error (exit 2).
+    let image_fs = a.image_fs.image_fs.is_some();
+    if image_fs && (a.sort != "name" || a.reverse) {
+        return Err(super::bad_argument(
+            "--sort and --reverse order a file snapshot's listing, not --image-fs",
+        ));
     }
-    if a.image_fs.image_fs.is_some() && !a.dirs.is_empty() {
-        anyhow::bail!("with --image-fs, the path inside the image is --image-fs's value");
+    if image_fs && a.ncdu {
+        // QA r37: ignored, and the plain listing went to ncdu.
+        return Err(super::bad_argument(
+            "--ncdu writes a file snapshot's tree, not --image-fs's: `cairn mount` the \
+             repository, loop-mount the image (`mount -o ro,loop`) and run ncdu there",
+        ));
+    }
+    if image_fs && !a.dirs.is_empty() {
+        return Err(super::bad_argument(
+            "with --image-fs, the path inside the image is --image-fs's value",
+        ));
+    }
+    if a.ncdu && a.sort != "name" {
+        return Err(super::bad_argument(format!(
+            "--ncdu writes a tree in name order; --sort {} orders a listing",
+            a.sort
+        )));
     }
     if a.ncdu && a.dirs.len() > 1 {
-        anyhow::bail!("--ncdu writes one directory's tree: give one path");
+        return Err(super::bad_argument(
+            "--ncdu writes one directory's tree: give one path",
+        ));
     }
     let p = super::progress(g);
     let session = super::session::<Read>(g, "ls", IndexLoad::Placement, &p.progress)?;
@@ -88,12 +110,6 @@ pub fn run(g: &Global, a: &LsArgs) -> Result<i32> {
     }
     let root = snap.tree_id()?;
     if a.ncdu {
-        if a.sort != "name" {
-            anyhow::bail!(
-                "--ncdu writes a tree in name order; --sort {} orders a listing",
-                a.sort
-            );
-        }
         return ncdu(&session, &root, &snap, a);
     }
     // Directories that could not be read: said on stderr as met, and in

@@ -922,6 +922,11 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
         2,
     );
     assert!(e.contains("cannot be used with"), "{e}");
+    // Listing options of file snapshots: refused as usage errors (QA r37:
+    // --ncdu was ignored, --sort exited 1).
+    let e = env.fails(&["ls", &snap, "--image-fs", "/", "--ncdu"], 2);
+    assert!(e.contains("--ncdu writes a file snapshot's tree"), "{e}");
+    env.fails(&["ls", &snap, "--image-fs", "/", "--sort", "size"], 2);
     let target = env.path("out");
     let mut args = fs_restore(&snap, "/", &target).to_vec();
     args.push("--json");

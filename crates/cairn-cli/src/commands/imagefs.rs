@@ -127,7 +127,7 @@ pub fn dump(
 pub fn restore(
     g: &Global,
     session: &cairn_core::Session<cairn_core::session::Read>,
-    snap: &Snapshot,
+    (id, snap): &(cairn_format::SnapshotId, Snapshot),
     args: &crate::args::RestoreArgs,
     overwrite: cairn_core::restore::Overwrite,
     write_limit: Option<u64>,
@@ -161,7 +161,21 @@ pub fn restore(
         ui::entry_error(&f.error);
     }
     if g.json {
-        super::print_json_report(&r)?;
+        // What a file restore's report says of the run too (QA r37: the
+        // snapshot, the target, the mode and the ranges read as zeros were
+        // missing).
+        let mut j = serde_json::to_value(&r)?;
+        if let Some(m) = j.as_object_mut() {
+            m.insert("snapshot_id".into(), serde_json::to_value(id)?);
+            m.insert("target".into(), target.to_string_lossy().into());
+            m.insert("overwrite".into(), serde_json::to_value(overwrite)?);
+            m.insert("duration_secs".into(), start.elapsed().as_secs_f64().into());
+            m.insert(
+                "unreadable_at_backup".into(),
+                serde_json::to_value(fs.read_unreadable().unwrap_or(&[]))?,
+            );
+        }
+        super::print_json_report(&j)?;
     } else if !g.quiet {
         println!(
             "restored {path} from the image's filesystem to {}: {}, {}, {}, {}, {} in {:.2}s{}",
@@ -187,9 +201,10 @@ pub fn restore(
         }
         if r.kept > 0 {
             println!(
-                "left {} in the target as {} (--overwrite)",
+                "left {} in the target as {} (--overwrite {})",
                 ui::count(r.kept, "existing entry"),
-                if r.kept == 1 { "it was" } else { "they were" }
+                if r.kept == 1 { "it was" } else { "they were" },
+                args.overwrite
             );
         }
     }

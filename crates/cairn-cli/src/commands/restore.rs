@@ -82,7 +82,7 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
     }
     if a.image_fs.image_fs.is_some() {
         p.start();
-        let r = super::imagefs::restore(g, &session, &snap.1, a, overwrite, write_limit, &xattrs);
+        let r = super::imagefs::restore(g, &session, &snap, a, overwrite, write_limit, &xattrs);
         p.finish();
         return r;
     }

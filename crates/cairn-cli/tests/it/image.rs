@@ -937,6 +937,14 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
     // named, and the file looked intact).
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["failed"], serde_json::json!([]), "{r}");
+    // The run, as a file restore's report names it (QA r37).
+    assert!(
+        r["snapshot_id"].as_str().unwrap().starts_with(&snap)
+            && r["overwrite"] == "if-changed"
+            && r["target"] == target.to_str().unwrap()
+            && r["unreadable_at_backup"][0][0].as_u64().unwrap() <= at,
+        "{r}"
+    );
     let warned = r["warnings"].as_array().unwrap();
     assert_eq!(warned.len(), 1, "{r}");
     assert!(

@@ -52,6 +52,10 @@ pub struct ImageRestoreOptions {
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ImageRestoreReport {
+    /// The snapshot restored (set by [`restore_image_snapshot`], as a file
+    /// restore's report names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<cairn_format::SnapshotId>,
     #[serde(serialize_with = "crate::report::lossy_path")]
     pub target: PathBuf,
     /// `file` or `device`.
@@ -1079,7 +1083,9 @@ pub fn restore_image_snapshot<A: crate::session::Access>(
 ) -> Result<ImageRestoreReport> {
     let progress = session.progress();
     progress.phase(crate::progress::Phase::Restore);
-    restore_image(session.repo(), &snapshot.1, opts, progress)
+    let mut report = restore_image(session.repo(), &snapshot.1, opts, progress)?;
+    report.snapshot_id = Some(snapshot.0);
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -656,8 +656,12 @@ mod partial {
     }
 
     /// Removes partial files of earlier exports with this `prefix` (`.NAME.`) in
-    /// `dir` that no running export holds and that have not changed for a minute;
-    /// how many, and the bytes freed. Only regular files of this user are touched.
+    /// `dir` that no running export holds (its lock); how many, and the bytes
+    /// freed. Only regular files of this user are touched. Whatever their age
+    /// (QA r37: an export killed and started again at once left its partial, which
+    /// was then a minute old for no later run). An export holds its lock from
+    /// the moment after it made the file; one whose file were taken in that
+    /// moment would fail when renaming it, saying so, and lose nothing.
     pub fn remove_stale(dir: &Path, prefix: &OsStr) -> (u64, u64) {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -684,12 +688,7 @@ mod partial {
                 continue;
             };
             let Ok(meta) = f.metadata() else { continue };
-            let idle = meta
-                .modified()
-                .ok()
-                .and_then(|m| m.elapsed().ok())
-                .is_some_and(|age| age.as_secs() >= 60);
-            if !meta.is_file() || meta.uid() != euid || !idle {
+            if !meta.is_file() || meta.uid() != euid {
                 continue;
             }
             if f.try_lock().is_ok() && std::fs::remove_file(&path).is_ok() {

@@ -419,6 +419,18 @@ fn export_zip_unpacks_with_unzip_and_a_failed_export_leaves_no_file() {
     // Written to a file, the export ends with what it used, as long jobs do.
     assert!(said.contains("resources: peak memory"), "{said}");
     assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    // What an export killed outright left is removed by the next one to the
+    // name, however fresh (QA r37: only after a minute); one a running export
+    // holds (its lock) is left alone.
+    let stale = env.path(".out.tar.AbC123.partial");
+    fs::write(&stale, vec![1u8; 5000]).unwrap();
+    let held = env.path(".out.tar.XyZ789.partial");
+    fs::write(&held, b"being written").unwrap();
+    let lock = fs::File::open(&held).unwrap();
+    lock.try_lock().unwrap();
+    let said = env.ok(&["export", &snap, "-o", tarball.to_str().unwrap()]);
+    assert!(!stale.exists() && held.exists(), "{said}");
+    drop(lock);
     // --json says which snapshot went where.
     let v: serde_json::Value = serde_json::from_str(&env.ok(&[
         "export",

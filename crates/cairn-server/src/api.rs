@@ -712,12 +712,14 @@ pub async fn get(
         .stats
         .bytes_out
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    app.pace_transfer(&t.id, false, data.len() as u64).await;
     let status = if range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK
     };
+    if app.downloads_paced() {
+        return Ok(paced_answer(&app, &t.id, data, status));
+    }
     Ok((
         status,
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -726,12 +728,55 @@ pub async fn get(
         .into_response())
 }
 
+/// `data` answered a frame at a time, each paced by the download limits, with
+/// its length said first ([`App::downloads_paced`]).
+fn paced_answer(app: &Arc<App>, token: &str, data: Bytes, status: StatusCode) -> Response {
+    let len = data.len() as u64;
+    let (tx, body) = crate::pipe::pipe(1, app.stall());
+    let (app, token) = (app.clone(), token.to_string());
+    tokio::spawn(async move {
+        if send_paced(&app, &token, &tx, data).await.is_ok() {
+            let _ = tx.end().await;
+        }
+    });
+    let mut r = Response::new(axum::body::Body::new(body));
+    r.extensions_mut().insert(crate::answers::Weight(len));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, axum::http::HeaderValue::from(len));
+    r
+}
+
+/// Sends `data` into `tx`: whole when downloads are not paced, else a frame at
+/// a time, each waiting for the limits first.
+async fn send_paced(
+    app: &App,
+    token: &str,
+    tx: &crate::pipe::PipeTx,
+    data: Bytes,
+) -> Result<(), crate::pipe::Stop> {
+    if !app.downloads_paced() {
+        return tx.send(data).await;
+    }
+    let mut rest = data;
+    while !rest.is_empty() {
+        let frame = rest.split_to(rest.len().min(crate::pipe::FRAME));
+        app.pace_transfer(token, false, frame.len() as u64).await;
+        tx.send(frame).await?;
+    }
+    Ok(())
+}
+
 /// What a whole object larger than this is sent in: pieces read as the client
 /// takes them.
 const STREAM_PIECE: u64 = 1 << 20;
 
 /// Answers `size` bytes at `start` of object `name` (immutable: a pack, an
-/// index file, a snapshot) a `piece` at a time, paced per piece, so that a
+/// index file, a snapshot) a `piece` at a time, paced per frame, so that a
 /// reader holds about two pieces of the server's memory however slow it is;
 /// `partial`: a range was asked for (206). The first piece is read before the
 /// answer starts, so that a pack gone or damaged at once is answered with its
@@ -758,8 +803,7 @@ async fn stream_object(
             let len = data.len() as u64;
             app.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
             store.stats.bytes_out.fetch_add(len, Ordering::Relaxed);
-            app.pace_transfer(&token, false, len).await;
-            match tx.send(data).await {
+            match send_paced(&app, &token, &tx, data).await {
                 Ok(()) => {}
                 Err(crate::pipe::Stop::Gone) => return,
                 Err(crate::pipe::Stop::Stalled(after)) => {
@@ -939,7 +983,14 @@ pub async fn put(
     };
     let mut memory = reserved
         .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "transient", "stopping"))?;
-    let body = match app.bodies.read(body, max, length, Some(&mut memory)).await {
+    // Paced as it is received (`BodyPool::read`).
+    let (paced, token_id) = (app.clone(), t.id.clone());
+    let pace = move |n: u64| paced.pace(&token_id, true, n);
+    let body = match app
+        .bodies
+        .read(body, max, length, Some(&mut memory), Some(&pace))
+        .await
+    {
         Ok(b) => b,
         Err(crate::body::ReadError::TooLarge) => return Err(too_large(None)),
         Err(crate::body::ReadError::Busy) => {
@@ -986,7 +1037,6 @@ pub async fn put(
     if t.role != Role::Admin && action == Action::Create && kind.needs_job_slot() {
         need_slot(&store, &t, &headers)?;
     }
-    app.pace_transfer(&t.id, true, body.len() as u64).await;
     if kind == Kind::Snapshot && t.role != Role::Admin {
         // The records first: a crash between them and the snapshot leaves records
         // without a snapshot (ignored), never a host-bound snapshot its host

@@ -241,14 +241,23 @@ impl BodyPool {
     /// Reads `body` whole, refusing more than `max` bytes; `expected`: the
     /// Content-Length, when sent (only a hint for the buffer's size). `budget`
     /// grows with what has arrived.
+    /// `pace`, when given, says how long to wait after each piece received (the
+    /// upload limits): the body is read at the limit's rate, so that the
+    /// client's sending is held back as it goes (TCP's and HTTP/2's windows)
+    /// and it hears from the server all along, rather than sending at full
+    /// speed and then hearing nothing while the whole body's pace is waited
+    /// out (QA r38: a 16 MiB pack at 100 KiB/s went 164 s unanswered, past the
+    /// client's patience, and was sent again).
     pub async fn read(
         &self,
         body: axum::body::Body,
         max: u64,
         expected: Option<u64>,
         budget: Option<&mut Reserved>,
+        pace: Option<&(dyn Fn(u64) -> std::time::Duration + Send + Sync)>,
     ) -> Result<Pooled, ReadError> {
-        self.read_within(body, max, expected, budget, STALL).await
+        self.read_within(body, max, expected, budget, STALL, pace)
+            .await
     }
 
     /// [`Self::read`], giving up when no bytes came for `stall`, or fewer than
@@ -262,6 +271,7 @@ impl BodyPool {
         expected: Option<u64>,
         mut budget: Option<&mut Reserved>,
         stall: std::time::Duration,
+        pace: Option<&(dyn Fn(u64) -> std::time::Duration + Send + Sync)>,
     ) -> Result<Pooled, ReadError> {
         use http_body_util::BodyExt;
         // The buffer is sized for what is held, not what is announced: an
@@ -324,6 +334,13 @@ impl BodyPool {
                 }
                 span_bytes += data.len();
                 out.extend_from_slice(&data);
+                let wait = pace.map_or(std::time::Duration::ZERO, |p| p(data.len() as u64));
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                    // The server's pause, not the client's: not counted
+                    // against how much it must send in a span.
+                    span_start += wait;
+                }
             }
         }
         Ok(out)
@@ -477,6 +494,57 @@ mod tests {
         }
     }
 
+    /// A body of `n` frames of `len` bytes, all there at once.
+    struct Frames(usize, usize);
+
+    impl http_body::Body for Frames {
+        type Data = axum::body::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+            if self.0 == 0 {
+                return std::task::Poll::Ready(None);
+            }
+            self.0 -= 1;
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(
+                axum::body::Bytes::from(vec![3u8; self.1]),
+            ))))
+        }
+    }
+
+    /// A paced upload is read at the pace, a frame at a time, and the pauses
+    /// are the server's: however long they are, they do not make the client
+    /// look stalled.
+    #[test]
+    fn a_paced_upload_is_read_at_its_pace_and_not_taken_for_stalled() {
+        let rt = runtime();
+        rt.block_on(async {
+            let pool = BodyPool::default();
+            let paced = std::sync::atomic::AtomicUsize::new(0);
+            let pace = |n: u64| {
+                paced.fetch_add(n as usize, std::sync::atomic::Ordering::Relaxed);
+                std::time::Duration::from_millis(150)
+            };
+            let started = std::time::Instant::now();
+            let r = pool
+                .read_within(
+                    axum::body::Body::new(Frames(4, 1000)),
+                    1 << 20,
+                    None,
+                    None,
+                    // Shorter than one pause: 1,000 bytes a span is too slow.
+                    std::time::Duration::from_millis(100),
+                    Some(&pace),
+                )
+                .await;
+            assert_eq!(r.ok().map(|b| b.len()), Some(4000));
+            assert_eq!(paced.load(std::sync::atomic::Ordering::Relaxed), 4000);
+            assert!(started.elapsed() >= std::time::Duration::from_millis(600));
+        });
+    }
+
     #[test]
     fn an_upload_that_trickles_is_ended() {
         let rt = runtime();
@@ -492,6 +560,7 @@ mod tests {
                     None,
                     None,
                     std::time::Duration::from_millis(200),
+                    None,
                 )
                 .await;
             match r {
@@ -514,6 +583,7 @@ mod tests {
                     Some(1000),
                     None,
                     std::time::Duration::from_millis(100),
+                    None,
                 )
                 .await;
             match r {
@@ -544,7 +614,13 @@ mod tests {
             drop(big);
             let pool = BodyPool::default();
             let mut a1 = b.reserve("a", false, 60 << 20).await.unwrap();
-            let body = pool.read(bytes(60 << 20), 64 << 20, Some(60 << 20), Some(&mut a1));
+            let body = pool.read(
+                bytes(60 << 20),
+                64 << 20,
+                Some(60 << 20),
+                Some(&mut a1),
+                None,
+            );
             assert_eq!(body.await.ok().unwrap().len(), 60 << 20);
             assert_eq!(a1.held(), 60 << 20);
             // The token's share holds 4 MiB more, not 40.
@@ -616,14 +692,21 @@ mod tests {
                     5000,
                     Some(5000),
                     None,
+                    None,
                 )
                 .await
                 .ok()
                 .unwrap();
             assert_eq!(&b[..], &[7u8; 5000][..]);
             assert!(matches!(
-                pool.read(axum::body::Body::from(vec![0u8; 101]), 100, None, None)
-                    .await,
+                pool.read(
+                    axum::body::Body::from(vec![0u8; 101]),
+                    100,
+                    None,
+                    None,
+                    None
+                )
+                .await,
                 Err(ReadError::TooLarge)
             ));
         });

@@ -166,6 +166,16 @@ impl App {
         }
     }
 
+    /// Whether downloads are paced at all (`limit_download`,
+    /// `limit_download_per_token`): they then go out a frame at a time, each
+    /// paced, so that a client hears from the server as the limit allows
+    /// rather than nothing for a whole piece (QA r38: a 1 MiB piece paced
+    /// whole kept a client at a few KiB/s silent past its patience).
+    pub fn downloads_paced(&self) -> bool {
+        let l = &self.config.limits;
+        l.download.is_some() || l.download_per_token.is_some()
+    }
+
     /// How long a transfer of `bytes` by `token` must wait for the limits
     /// (`upload`: client to server).
     pub fn pace(&self, token: &str, upload: bool, bytes: u64) -> Duration {

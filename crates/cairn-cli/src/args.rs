@@ -460,6 +460,11 @@ pub struct TokenAddArgs {
     pub name: String,
     #[command(flatten)]
     pub grant: GrantArgs,
+    /// When the token stops opening anything: after a time (90d, 12h, 1d12h) or
+    /// at a date (2027-01-31, '2027-01-31 18:00', RFC 3339); a client presenting
+    /// it then is told it expired (default: never)
+    #[arg(long, value_name = "DURATION|DATE")]
+    pub expires: Option<String>,
 }
 
 /// What a token or a console user may open and do.

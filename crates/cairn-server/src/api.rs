@@ -334,6 +334,11 @@ fn token_entry(app: &App, presented: &str) -> ApiResult<TokenEntry> {
             "unauthorized",
             "unknown or removed token",
         )),
+        Err(e @ crate::tokens::TokenError::Expired { .. }) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "token_expired",
+            e.to_string(),
+        )),
         // Failing closed; the details (the state directory's path) go to the
         // server's log, not to a client that has not been authenticated.
         Err(e) => {

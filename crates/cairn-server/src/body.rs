@@ -508,9 +508,9 @@ mod tests {
                 return std::task::Poll::Ready(None);
             }
             self.0 -= 1;
-            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(
-                axum::body::Bytes::from(vec![3u8; self.1]),
-            ))))
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(axum::body::Bytes::from(
+                vec![3u8; self.1],
+            )))))
         }
     }
 

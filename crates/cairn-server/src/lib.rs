@@ -772,7 +772,10 @@ fn sweep_removed_tokens(app: &Arc<App>) {
             let a = app.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 a.signins.retain(|who| match who {
-                    signin::Identity::Token(t) => !matches!(a.tokens.authenticate(t), Ok(None)),
+                    signin::Identity::Token(t) => !matches!(
+                        a.tokens.authenticate(t),
+                        Ok(None) | Err(tokens::TokenError::Expired { .. })
+                    ),
                     signin::Identity::User(name, hash) => match a.users.get(name) {
                         Ok(Some(u)) => &u.hash == hash,
                         Ok(None) => false,

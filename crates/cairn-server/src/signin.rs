@@ -260,13 +260,16 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
     // A removed token's session is over, said as such (the token's own answer,
     // "unknown or removed token", read as a wrong sign-in to QA).
     if let Identity::Token(token) = &who
-        && matches!(app.tokens.authenticate(token), Ok(None))
+        && matches!(
+            app.tokens.authenticate(token),
+            Ok(None) | Err(crate::tokens::TokenError::Expired { .. })
+        )
     {
         app.signins.remove(&id);
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "session_expired",
-            "the token this session signed in with was removed: sign in again",
+            "the token this session signed in with was removed or expired: sign in again",
         )
         .into_response();
     }

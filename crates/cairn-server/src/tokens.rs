@@ -17,11 +17,14 @@ pub enum TokenError {
     File(#[from] StateError),
     #[error("{0}")]
     Invalid(String),
+    /// The token is known, and its time is over (`token add --expires`).
+    #[error("token {name:?} expired on {at}: an admin adds a new one (`cairn serve token add`)")]
+    Expired { name: String, at: String },
 }
 
 /// One stored token (never the secret itself). A field this cairn does not know
-/// (a newer one's `expires`, say) makes the file unreadable rather than ignored:
-/// what a token may do must not be guessed.
+/// makes the file unreadable rather than ignored: what a token may do must not
+/// be guessed (a cairn from before `expires` refuses a file that has one).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
@@ -39,6 +42,10 @@ pub struct TokenEntry {
     /// BLAKE3 of the secret, hex.
     pub hash: String,
     pub created: String,
+    /// When set, RFC 3339: from then on the token opens nothing, and says so
+    /// (`token add --expires`). One that cannot be read counts as over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
     /// A console user signed in with a password ([`crate::users`]), not a token.
     #[serde(skip)]
     pub user: bool,
@@ -49,6 +56,13 @@ pub struct TokenEntry {
 pub const ALL_DATASTORES: &str = "*";
 
 impl TokenEntry {
+    /// Whether its time is over at `now` (Unix seconds).
+    pub fn expired_at(&self, now: i64) -> bool {
+        self.expires
+            .as_deref()
+            .is_some_and(|e| cairn_core::time::parse_rfc3339(e).is_none_or(|at| at <= now))
+    }
+
     /// "token NAME" or "user NAME", for messages and the log (QA: a console
     /// user was called a token everywhere).
     pub fn who(&self) -> String {
@@ -189,6 +203,12 @@ impl TokenStore {
                 };
                 // blake3::Hash compares in constant time.
                 if stored == hash {
+                    if e.expired_at(cairn_core::time::now_unix()) {
+                        return Err(TokenError::Expired {
+                            name: e.name.clone(),
+                            at: e.expires.clone().unwrap_or_default(),
+                        });
+                    }
                     return Ok(Some(e.clone()));
                 }
             }
@@ -203,7 +223,16 @@ impl TokenStore {
         datastore: &str,
         role: Role,
         host: Option<&str>,
+        expires: Option<String>,
     ) -> Result<(TokenEntry, String), TokenError> {
+        if let Some(e) = &expires
+            && cairn_core::time::parse_rfc3339(e)
+                .is_none_or(|at| at <= cairn_core::time::now_unix())
+        {
+            return Err(TokenError::Invalid(format!(
+                "a token's expiry must be a time to come, not {e}"
+            )));
+        }
         if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
             return Err(TokenError::Invalid(
                 "a token name must be 1-200 printable characters".into(),
@@ -236,6 +265,7 @@ impl TokenStore {
                 host: host.map(str::to_string),
                 hash: blake3::hash(secret.as_bytes()).to_hex().to_string(),
                 created: cairn_core::time::now_rfc3339(),
+                expires,
                 user: false,
             };
             file.version = TOKEN_FILE_VERSION;
@@ -342,9 +372,9 @@ mod tests {
     fn removed_tokens_are_reported_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = TokenStore::new(dir.path());
-        store.add("a", "main", Role::Backup, None).unwrap();
-        let (b, _) = store.add("b", "*", Role::Admin, None).unwrap();
-        store.add("c", "main", Role::Restore, None).unwrap();
+        store.add("a", "main", Role::Backup, None, None).unwrap();
+        let (b, _) = store.add("b", "*", Role::Admin, None, None).unwrap();
+        store.add("c", "main", Role::Restore, None, None).unwrap();
         let mut known = std::collections::BTreeMap::new();
         assert!(store.removed_since(&mut known).unwrap().is_empty());
         let a = store.remove("a").unwrap();
@@ -389,21 +419,57 @@ mod tests {
     fn a_newer_token_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = TokenStore::new(dir.path());
-        let (_, token) = store.add("web01", "main", Role::Backup, None).unwrap();
+        let (_, token) = store
+            .add("web01", "main", Role::Backup, None, None)
+            .unwrap();
         let path = dir.path().join("tokens.json");
         let good = std::fs::read_to_string(&path).unwrap();
         assert!(store.authenticate(&token).unwrap().is_some());
         for bad in [
             good.replace("\"version\": 1", "\"version\": 99"),
-            good.replace("\"role\":", "\"expires\": \"2020-01-01\", \"role\":"),
+            good.replace("\"role\":", "\"scope\": \"all\", \"role\":"),
         ] {
             assert_ne!(bad, good);
             std::fs::write(&path, &bad).unwrap();
             let store = TokenStore::new(dir.path());
             assert!(store.authenticate(&token).is_err(), "{bad}");
-            assert!(store.add("web02", "main", Role::Backup, None).is_err());
+            assert!(
+                store
+                    .add("web02", "main", Role::Backup, None, None)
+                    .is_err()
+            );
             assert_eq!(std::fs::read_to_string(&path).unwrap(), bad);
         }
+    }
+
+    /// A token opens until its expiry, and is then refused as expired; an
+    /// expiry that cannot be read counts as over (failing closed), and one in
+    /// the past is not taken.
+    #[test]
+    fn a_token_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        let soon = cairn_core::time::format_unix(cairn_core::time::now_unix() + 3600, 0);
+        let (_, token) = store
+            .add("t", "main", Role::Restore, None, Some(soon.clone()))
+            .unwrap();
+        assert!(store.authenticate(&token).unwrap().is_some());
+        let path = store.path().to_path_buf();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for over in ["2020-01-01T00:00:00Z", "not a time"] {
+            std::fs::write(&path, text.replace(&soon, over)).unwrap();
+            let store = TokenStore::new(dir.path());
+            match store.authenticate(&token) {
+                Err(TokenError::Expired { name, .. }) => assert_eq!(name, "t"),
+                other => panic!("{over}: {other:?}"),
+            }
+        }
+        let past = "2020-01-01T00:00:00Z".to_string();
+        assert!(
+            store
+                .add("u", "main", Role::Restore, None, Some(past))
+                .is_err()
+        );
     }
 
     #[test]
@@ -411,7 +477,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = TokenStore::new(dir.path());
         let (e, token) = store
-            .add("web01", "main", Role::Backup, Some("web01"))
+            .add("web01", "main", Role::Backup, Some("web01"), None)
             .unwrap();
         assert_eq!(store.authenticate(&token).unwrap().unwrap(), e);
         let text = std::fs::read_to_string(store.path()).unwrap();
@@ -425,10 +491,14 @@ mod tests {
         wrong.push(if token.ends_with('0') { '1' } else { '0' });
         assert!(store.authenticate(&wrong).unwrap().is_none());
         assert!(store.authenticate("nonsense").unwrap().is_none());
-        assert!(store.add("web01", "main", Role::Admin, None).is_err());
+        assert!(store.add("web01", "main", Role::Admin, None, None).is_err());
         // A blank host binds to nothing.
         for bad in ["", " ", "a\nb"] {
-            assert!(store.add("blank", "main", Role::Backup, Some(bad)).is_err());
+            assert!(
+                store
+                    .add("blank", "main", Role::Backup, Some(bad), None)
+                    .is_err()
+            );
         }
         // A second store (another process) removes it; the first one notices.
         let other = TokenStore::new(dir.path());

@@ -66,6 +66,7 @@ impl UserEntry {
             host: self.host.clone(),
             hash: String::new(),
             created: self.created.clone(),
+            expires: None,
             user: true,
         }
     }

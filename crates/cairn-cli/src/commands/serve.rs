@@ -172,8 +172,14 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
         TokenCommand::Add(add) => {
             let grant = &add.grant;
             let role = Role::parse(&grant.role).ok_or_else(|| anyhow!("unknown role"))?;
-            let (entry, secret) =
-                store.add(&add.name, &grant.datastore, role, grant.host.as_deref())?;
+            let expires = add.expires.as_deref().map(expiry).transpose()?;
+            let (entry, secret) = store.add(
+                &add.name,
+                &grant.datastore,
+                role,
+                grant.host.as_deref(),
+                expires,
+            )?;
             warn_of_unknown_datastore(a, &grant.datastore);
             if g.json {
                 #[derive(serde::Serialize)]
@@ -189,11 +195,16 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
             } else {
                 println!("{secret}");
                 eprintln!(
-                    "token {:?} ({} on {}{}) added; it is shown only now",
+                    "token {:?} ({} on {}{}{}) added; it is shown only now",
                     entry.name,
                     entry.role.as_str(),
                     grant_text(&entry.datastore),
-                    host_text(entry.host.as_deref())
+                    host_text(entry.host.as_deref()),
+                    entry
+                        .expires
+                        .as_deref()
+                        .map(|e| format!(", expires {}", cairn_core::time::local_display(e)))
+                        .unwrap_or_default()
                 );
             }
         }
@@ -205,12 +216,20 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
                 println!("no tokens (add one: cairn serve token add NAME --datastore D --role R)");
             } else {
                 println!(
-                    "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  created",
-                    "id", "name", "datastore", "role", "host"
+                    "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  {:<19}  expires",
+                    "id", "name", "datastore", "role", "host", "created"
                 );
+                let now = cairn_core::time::now_unix();
                 for t in tokens {
+                    let expires = match &t.expires {
+                        None => "never".to_string(),
+                        Some(e) if t.expired_at(now) => {
+                            format!("expired {}", cairn_core::time::local_display(e))
+                        }
+                        Some(e) => cairn_core::time::local_display(e),
+                    };
                     println!(
-                        "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  {}",
+                        "{:<16}  {:<20}  {:<12}  {:<8}  {:<12}  {:<19}  {expires}",
                         t.id,
                         t.name,
                         t.datastore,
@@ -237,6 +256,46 @@ fn token(g: &Global, a: &ServeArgs, t: &TokenCommand) -> Result<i32> {
 fn host_text(host: Option<&str>) -> String {
     host.map(|h| format!(", host {h:?} only"))
         .unwrap_or_default()
+}
+
+/// `token add --expires`: a time from now (`90d`) or a date (`2027-01-31`, a
+/// local midnight; `2027-01-31 18:00`; RFC 3339), as RFC 3339 UTC.
+fn expiry(s: &str) -> Result<String> {
+    if let Ok(d) = cairn_core::units::parse_duration(s) {
+        if d.is_zero() {
+            return Err(super::bad_argument(
+                "--expires 0: a token would open nothing",
+            ));
+        }
+        let at = cairn_core::time::now_unix().saturating_add(d.as_secs() as i64);
+        return Ok(cairn_core::time::format_unix(at, 0));
+    }
+    let date_only = s.len() == 10
+        && s.bytes().enumerate().all(|(i, b)| {
+            if i == 4 || i == 7 {
+                b == b'-'
+            } else {
+                b.is_ascii_digit()
+            }
+        });
+    let spelled = if date_only {
+        format!("{s} 00:00")
+    } else {
+        s.to_string()
+    };
+    let at = cairn_core::time::parse_user_time(&spelled).ok_or_else(|| {
+        super::bad_argument(format!(
+            "--expires {s:?}: give a time from now (90d, 12h) or a date (2027-01-31, \
+             '2027-01-31 18:00', RFC 3339): {}",
+            cairn_core::time::user_time_problem(&spelled)
+        ))
+    })?;
+    if cairn_core::time::parse_rfc3339(&at).is_none_or(|t| t <= cairn_core::time::now_unix()) {
+        return Err(super::bad_argument(format!(
+            "--expires {s:?} is past: a token would open nothing"
+        )));
+    }
+    Ok(at)
 }
 
 fn user(g: &Global, a: &ServeArgs, u: &UserCommand) -> Result<i32> {

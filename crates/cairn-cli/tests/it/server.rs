@@ -396,6 +396,52 @@ fn clients_back_up_restore_and_a_backup_token_cannot_destroy() {
         client(&env, &srv, "main", &restore, &["snapshots"]),
         "removed token",
     );
+    // A token with an expiry opens the datastore until then, and is then
+    // refused as expired by the running server, which `token list` says too;
+    // an expiry that is past or unreadable is a usage error (QA r38: tokens
+    // could not expire).
+    let brief = srv.admin_ok(&[
+        "token",
+        "add",
+        "brief",
+        "--datastore",
+        "main",
+        "--role",
+        "restore",
+        "--expires",
+        "4s",
+    ]);
+    let started = Instant::now();
+    ok(
+        client(&env, &srv, "main", &brief, &["snapshots"]),
+        "before its expiry",
+    );
+    let left = Duration::from_secs(5).saturating_sub(started.elapsed());
+    std::thread::sleep(left);
+    let err = refused(
+        client(&env, &srv, "main", &brief, &["snapshots"]),
+        "expired token",
+    );
+    assert!(err.contains("token \"brief\" expired on "), "{err}");
+    assert!(
+        srv.admin_ok(&["token", "list"])
+            .lines()
+            .any(|l| l.contains("brief") && l.contains("expired ")),
+    );
+    for past in ["2020-01-01", "0s", "tomorrow"] {
+        let o = srv.admin(&[
+            "token",
+            "add",
+            "late",
+            "--datastore",
+            "main",
+            "--role",
+            "restore",
+            "--expires",
+            past,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{past}: {o:?}");
+    }
 
     // The wrong certificate fingerprint: a clear TLS error, nothing sent.
     let o = client_cmd(&env, &srv, "main", &admin, &["snapshots"])

@@ -7321,3 +7321,75 @@ fn error_answers_name_the_datastore_not_its_path_on_the_server() {
     std::fs::rename(env.repo.join("config.away"), env.repo.join("config")).unwrap();
     srv.stop();
 }
+
+/// Snapshots a host-bound token stored on one server, copied into another
+/// through a backup token bound to no host (which may not write host records):
+/// the destination counts each as the host it names, the one the source
+/// records, so nothing is lost and nothing is said, on the first copy or on
+/// the next ones (QA r38: every run warned, and a copy job's every run ended in
+/// `problems`).
+#[test]
+fn a_copy_through_a_backup_token_bound_to_no_host_warns_of_nothing_it_did_not_lose() {
+    let a = Env::new();
+    a.init(&[]);
+    let src = a.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), Rng(61).bytes(200_000, false)).unwrap();
+    let sa = Server::start(&a.path("state"), &[("main", &a.repo)], false);
+    let web01 = sa.admin_ok(&[
+        "token",
+        "add",
+        "web01",
+        "--datastore",
+        "main",
+        "--role",
+        "backup",
+        "--host",
+        "web01",
+    ]);
+    ok(
+        client(
+            &a,
+            &sa,
+            "main",
+            &web01,
+            &["backup", "--host", "web01", src.to_str().unwrap()],
+        ),
+        "backup through the source server",
+    );
+    let b = Env::new();
+    b.init(&[]);
+    let sb = Server::start(&b.path("state"), &[("main", &b.repo)], false);
+    let writer = sb.token("writer", "main", "backup");
+    let token_file = a.path("source-token");
+    std::fs::write(
+        &token_file,
+        format!("{}\n", sa.token("reader", "main", "restore")),
+    )
+    .unwrap();
+    for copied in [1, 0] {
+        let o = client_cmd(
+            &b,
+            &sb,
+            "main",
+            &writer,
+            &["copy", "--json", "--from", &sa.location("main")],
+        )
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .arg("--from-token-file")
+        .arg(&token_file)
+        .arg("--from-server-fingerprint")
+        .arg(sa.fingerprint.as_deref().unwrap())
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "copy: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(report["snapshots_copied"], copied, "{report}");
+        assert_eq!(report["warnings"], serde_json::json!([]), "{report}");
+    }
+    let listed: serde_json::Value = serde_json::from_str(&b.ok(&["snapshots", "--json"])).unwrap();
+    assert_eq!(listed[0]["hostname"], "web01", "{listed}");
+    sa.stop();
+    sb.stop();
+}

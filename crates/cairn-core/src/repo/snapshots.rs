@@ -488,7 +488,7 @@ impl Repository {
     }
 
     /// The host `cairn serve` recorded for snapshot `hex`, if any.
-    fn host_record(
+    pub(crate) fn host_record(
         &self,
         hex: &str,
     ) -> std::result::Result<Option<String>, cairn_backend::BackendError> {

@@ -36,9 +36,22 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
     let st = cairn_core::stats::stats(&session, selected.as_deref());
     p.finish();
     let st = st?;
+    // Snapshots that cannot be read: left out, said, and the figures are of the
+    // rest (done in part).
+    for e in &st.unreadable_snapshots {
+        ui::warn(format!(
+            "{e}: left out of the figures (what only it needs counts as unused; `cairn \
+             forget` it, or `cairn repair snapshots`)"
+        ));
+    }
+    let code = if st.unreadable_snapshots.is_empty() {
+        0
+    } else {
+        crate::EXIT_INCOMPLETE
+    };
     if g.json {
         super::print_json_report(&st)?;
-        return Ok(0);
+        return Ok(code);
     }
     let b = ui::bytes;
     let o = &st.overhead;
@@ -159,5 +172,5 @@ pub fn run(g: &Global, a: &StatsArgs) -> Result<i32> {
             "in use"
         }
     );
-    Ok(0)
+    Ok(code)
 }

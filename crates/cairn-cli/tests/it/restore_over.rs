@@ -2187,3 +2187,27 @@ fn verify_counts_the_names_of_a_hard_linked_file_it_wrote() {
         "{out}"
     );
 }
+
+/// A restore into a target another restore is writing (which holds the
+/// target's lock) is refused before it writes anything, saying so; once that
+/// one is done, it goes ahead (QA r37: both ran, and both failed with false
+/// "File exists" warnings). `restore --image-fs` holds it the same way.
+#[test]
+fn a_restore_into_a_target_another_one_is_writing_is_refused() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"content").unwrap();
+    env.backup(&[&src]);
+    let target = env.path("out");
+    std::fs::create_dir_all(&target).unwrap();
+    let held = std::fs::File::open(&target).unwrap();
+    held.try_lock().unwrap();
+    let t = target.to_str().unwrap();
+    let err = env.fails(&["restore", "latest", "--target", t], 1);
+    assert!(err.contains("another restore is writing into"), "{err}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    drop(held);
+    env.ok(&["restore", "latest", "--target", t]);
+}

@@ -11,14 +11,19 @@ use crate::{BackendError, BackendErrorKind, Result};
 use std::path::Path;
 use std::time::Duration;
 
+/// How long a request may hear nothing by default, before its attempt is given
+/// up (and retried).
+pub(crate) const DEFAULT_SILENCE: Duration = Duration::from_secs(120);
+
 /// The HTTP client settings every network backend uses. Stalls are caught per read
 /// and per unacknowledged write (TCP user timeout), not by a cap on a whole
-/// transfer, which a slow link could never meet.
+/// transfer, which a slow link could never meet. The read timeout (reqwest's
+/// runs from a request's start until its answer, and then per read) is the
+/// caller's to set: a cairn server's uploads are watched otherwise.
 pub(crate) fn http_client() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
-        .read_timeout(Duration::from_secs(120))
-        .tcp_user_timeout(Duration::from_secs(120))
+        .tcp_user_timeout(DEFAULT_SILENCE)
         .tcp_keepalive(Duration::from_secs(30))
         .pool_max_idle_per_host(32)
 }

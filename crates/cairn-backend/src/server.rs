@@ -131,6 +131,10 @@ impl ServerLocation {
 
 pub struct ServerBackend {
     client: reqwest::Client,
+    /// For uploads: no read timeout ([`Uploading`] watches them).
+    upload_client: reqwest::Client,
+    /// How long a request may hear nothing (`--retry-for` and the defaults).
+    silence: std::time::Duration,
     io: IoRuntime,
     loc: ServerLocation,
     token: String,
@@ -151,6 +155,89 @@ pub struct ServerBackend {
     /// The CA file trusted besides the system's (`--cacert`), for the message
     /// when the server's certificate is signed by neither.
     ca_cert: Option<PathBuf>,
+}
+
+/// An upload's body, handed to the connection a frame at a time: each frame
+/// asked for means the one before was taken (written, or queued within the
+/// peer's window), which [`Taken`] notes. A link that is slow but moving keeps
+/// an upload going however long it takes; one that takes nothing for the
+/// silence allowed, or a server that then does not answer, ends it.
+struct Uploading {
+    data: bytes::Bytes,
+    taken: Arc<Taken>,
+}
+
+/// When the connection last took a frame of an upload (or the upload began).
+pub(crate) struct Taken {
+    start: std::time::Instant,
+    /// Milliseconds from `start`.
+    at_ms: std::sync::atomic::AtomicU64,
+}
+
+/// What an upload hands over at a time.
+const UPLOAD_FRAME: usize = 64 << 10;
+
+impl Uploading {
+    fn new(data: bytes::Bytes) -> Uploading {
+        Uploading {
+            data,
+            taken: Arc::new(Taken {
+                start: std::time::Instant::now(),
+                at_ms: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl Taken {
+    fn note(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.at_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing was taken for `silence` (looked at every eighth of
+    /// it, at most every 15 s).
+    async fn silent_for(&self, silence: std::time::Duration) {
+        let every = (silence / 8).clamp(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(15),
+        );
+        loop {
+            tokio::time::sleep(every).await;
+            let last = self.at_ms.load(std::sync::atomic::Ordering::Relaxed);
+            let now = self.start.elapsed().as_millis() as u64;
+            if now.saturating_sub(last) >= silence.as_millis() as u64 {
+                return;
+            }
+        }
+    }
+}
+
+impl http_body::Body for Uploading {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<bytes::Bytes>, Self::Error>>>
+    {
+        self.taken.note();
+        if self.data.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.data.len().min(UPLOAD_FRAME);
+        let frame = self.data.split_to(n);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(frame))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.len() as u64)
+    }
 }
 
 /// Seconds between heartbeats at most, each with the job's progress.
@@ -298,34 +385,20 @@ impl ServerBackend {
                         .into(),
                 )
             })?;
-        let mut client = crate::io::http_client();
-        if let Some(silence) = opts.silence {
-            client = client.read_timeout(silence).tcp_user_timeout(silence);
-        }
-        if let Some(fp) = &opts.fingerprint {
-            let sha256 =
-                parse_fingerprint(fp).map_err(|m| BackendError::open_failed(location, m))?;
-            let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| BackendError::open_failed(location, format!("TLS: {e}")))?
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Pinned { sha256, provider }))
-                .with_no_client_auth();
-            client = client.tls_backend_preconfigured(config);
-        } else if opts.insecure_tls {
-            client = client.tls_danger_accept_invalid_certs(true);
-        } else if let Some(path) = &opts.ca_cert {
-            client = crate::io::trust_ca(client, path, location)?;
-        }
-        let client = client
-            .build()
-            .map_err(|e| BackendError::open_failed(location, format!("cannot set up HTTP: {e}")))?;
+        // Two clients: uploads get no read timeout (it runs from a request's
+        // start to its answer, so it cut every upload longer than the silence
+        // allowed, a 16 MiB pack over a link of 1 Mbit/s: QA r38); their
+        // silence is watched by what the connection takes of the body instead
+        // ([`Uploading`]).
+        let client = Self::http(location, opts, true)?;
+        let upload_client = Self::http(location, opts, false)?;
         let io = IoRuntime::new("cairn-client", "cairn server").map_err(|e| {
             BackendError::open_failed(location, format!("cannot start I/O threads: {e}"))
         })?;
         Ok(ServerBackend {
             client,
+            upload_client,
+            silence: opts.silence.unwrap_or(crate::io::DEFAULT_SILENCE),
             io,
             loc,
             token: token.trim().to_string(),
@@ -345,6 +418,35 @@ impl ServerBackend {
             uploads: crate::bufpool::BufferPool::new(UPLOAD_KEEP_MAX, UPLOAD_KEEP_COUNT),
             skew: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The HTTP client for `opts`; `read_timeout`: requests that hear nothing
+    /// for the silence allowed (from their start) fail.
+    fn http(location: &str, opts: &ServerOptions, read_timeout: bool) -> Result<reqwest::Client> {
+        let silence = opts.silence.unwrap_or(crate::io::DEFAULT_SILENCE);
+        let mut client = crate::io::http_client().tcp_user_timeout(silence);
+        if read_timeout {
+            client = client.read_timeout(silence);
+        }
+        if let Some(fp) = &opts.fingerprint {
+            let sha256 =
+                parse_fingerprint(fp).map_err(|m| BackendError::open_failed(location, m))?;
+            let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| BackendError::open_failed(location, format!("TLS: {e}")))?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Pinned { sha256, provider }))
+                .with_no_client_auth();
+            client = client.tls_backend_preconfigured(config);
+        } else if opts.insecure_tls {
+            client = client.tls_danger_accept_invalid_certs(true);
+        } else if let Some(path) = &opts.ca_cert {
+            client = crate::io::trust_ca(client, path, location)?;
+        }
+        client
+            .build()
+            .map_err(|e| BackendError::open_failed(location, format!("cannot set up HTTP: {e}")))
     }
 
     fn slots_url(&self) -> String {
@@ -393,15 +495,37 @@ impl ServerBackend {
         req: reqwest::RequestBuilder,
         max: u64,
     ) -> std::result::Result<(reqwest::StatusCode, Vec<u8>), (BackendError, String)> {
+        self.send_watched(op, name, req, max, None)
+    }
+
+    /// [`ServerBackend::send_telling`]; with `taken` (an upload's [`Uploading`]
+    /// clock), given up once the connection took none of the body, or the
+    /// server said nothing after the last of it, for the silence allowed.
+    fn send_watched(
+        &self,
+        op: &'static str,
+        name: &str,
+        req: reqwest::RequestBuilder,
+        max: u64,
+        taken: Option<Arc<Taken>>,
+    ) -> std::result::Result<(reqwest::StatusCode, Vec<u8>), (BackendError, String)> {
         // Every request names the session: the server takes a client it has not
         // heard from for a while for gone, and releases the chunks it was sending.
         let req = self.signed(req);
         // The server's time is read until one answer gave it.
         let want_date = self.skew.get().is_none();
+        let watch = taken.map(|t| (t, self.silence));
         let r = self
             .io
             .run(op, name, async move {
-                let mut resp = req.send().await?;
+                let sent = req.send();
+                let mut resp = match watch {
+                    None => sent.await?,
+                    Some((taken, silence)) => tokio::select! {
+                        r = sent => r?,
+                        () = taken.silent_for(silence) => return Ok(Err(silence)),
+                    },
+                };
                 let status = resp.status();
                 let date = want_date
                     .then(|| resp.headers().get(reqwest::header::DATE))
@@ -415,11 +539,26 @@ impl ServerBackend {
                     ERROR_BODY_MAX
                 };
                 let (body, over) = read_capped(&mut resp, cap).await?;
-                Ok::<_, reqwest::Error>((status, body, date, over))
+                Ok::<_, reqwest::Error>(Ok((status, body, date, over)))
             })
             .map_err(|e| (e, String::new()))?;
-        let (status, body, date, over) =
-            r.map_err(|e| (self.failed(op, name, &e), String::new()))?;
+        let (status, body, date, over) = r
+            .map_err(|e| (self.failed(op, name, &e), String::new()))?
+            .map_err(|silence| {
+                (
+                    BackendError {
+                        kind: BackendErrorKind::Transient,
+                        op,
+                        path: name.to_string(),
+                        message: format!(
+                            "the upload made no progress, or the server did not answer it, \
+                             for {} s",
+                            silence.as_secs()
+                        ),
+                    },
+                    String::new(),
+                )
+            })?;
         if over && status.is_success() {
             return Err((
                 BackendError {
@@ -680,21 +819,23 @@ impl ServerBackend {
 
     fn put_mode(&self, name: &str, data: &[u8], mode: &str) -> Result<()> {
         self.put_body(name, mode, || {
-            reqwest::Body::from(bytes::Bytes::from_owner(crate::bufpool::Pooled::copy_of(
-                &self.uploads,
-                data,
-            )))
+            bytes::Bytes::from_owner(crate::bufpool::Pooled::copy_of(&self.uploads, data))
         })
     }
 
-    /// One PUT of the body `body` makes (again, after waiting for a job slot).
-    fn put_body(&self, name: &str, mode: &str, body: impl Fn() -> reqwest::Body) -> Result<()> {
+    /// One PUT of the body `body` makes (again, after waiting for a job slot),
+    /// handed over a frame at a time and given up when the connection takes
+    /// none of it, or the server says nothing after the last, for the silence
+    /// allowed ([`Uploading`]).
+    fn put_body(&self, name: &str, mode: &str, body: impl Fn() -> bytes::Bytes) -> Result<()> {
         let put = || {
+            let uploading = Uploading::new(body());
+            let taken = uploading.taken.clone();
             let req = self
-                .client
+                .upload_client
                 .put(format!("{}?mode={mode}", self.url(name)))
-                .body(body());
-            self.send_telling("put", name, req, SMALL_ANSWER_MAX)
+                .body(reqwest::Body::wrap(uploading));
+            self.send_watched("put", name, req, SMALL_ANSWER_MAX, Some(taken))
                 .map(|_| ())
         };
         match put() {
@@ -788,7 +929,7 @@ impl Backend for ServerBackend {
         self.put_mode(name, data, "new")
     }
     fn put_new_owned(&self, name: &str, data: crate::Bytes, _metadata: bool) -> Result<()> {
-        self.put_body(name, "new", || reqwest::Body::from(data.clone()))
+        self.put_body(name, "new", || data.clone())
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         let req = self.client.get(self.url(name));
@@ -1126,6 +1267,45 @@ fn bad_reply(path: &str, what: &str) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An upload is handed over in frames of at most 64 KiB, its length said
+    /// first; its clock runs from the last frame taken: a slow taker keeps it
+    /// going, one that takes nothing for the silence ends it.
+    #[test]
+    fn an_upload_is_watched_by_what_is_taken_of_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut up = Uploading::new(bytes::Bytes::from(vec![9u8; 200_000]));
+            assert_eq!(http_body::Body::size_hint(&up).exact(), Some(200_000));
+            let taken = up.taken.clone();
+            let silence = std::time::Duration::from_millis(400);
+            let watch = tokio::spawn({
+                let taken = taken.clone();
+                async move { taken.silent_for(silence).await }
+            });
+            let mut sizes = Vec::new();
+            loop {
+                let f = std::future::poll_fn(|cx| {
+                    http_body::Body::poll_frame(std::pin::Pin::new(&mut up), cx)
+                })
+                .await;
+                let Some(f) = f else { break };
+                sizes.push(f.unwrap().into_data().unwrap().len());
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                assert!(
+                    !watch.is_finished(),
+                    "a taker every 150 ms taken for silent"
+                );
+            }
+            assert_eq!(sizes, [65536, 65536, 65536, 3392]);
+            let started = std::time::Instant::now();
+            watch.await.unwrap();
+            assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+        });
+    }
 
     /// Another web server's page is named in one line, not printed whole; a
     /// cairn server's JSON error is its message.

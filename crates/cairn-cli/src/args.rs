@@ -115,7 +115,8 @@ pub struct RemoteArgs {
     /// after the first failure when requests go unanswered; the time counts from
     /// the first failure, so a long upload cut short is retried whole). A
     /// request that hears nothing is given up on
-    /// after a minute of silence (two for a cairn server), or sooner to fit
+    /// after a minute of silence (two for a cairn server, where an upload is not
+    /// silent while its body is being taken, however slow the link), or sooner to fit
     /// --retry-for (at least 10 s; 30 s for a cairn server, which holds a job-slot
     /// request up to 20 s before it answers). An address where nothing answers fails within
     /// seconds, unless it answered before in this run (restarting: waited for as

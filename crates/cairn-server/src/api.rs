@@ -767,9 +767,9 @@ async fn send_paced(
     if !app.downloads_paced() {
         return tx.send(data).await;
     }
-    let mut rest = data;
+    let (mut rest, frame) = (data, app.download_frame());
     while !rest.is_empty() {
-        let frame = rest.split_to(rest.len().min(crate::pipe::FRAME));
+        let frame = rest.split_to(rest.len().min(frame));
         app.pace_transfer(token, false, frame.len() as u64).await;
         tx.send(frame).await?;
     }

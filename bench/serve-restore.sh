@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two cairn binaries side by side on a restore through `cairn serve`: each backs
-# up SRC through its own server (plain HTTP on loopback, a fresh datastore), then
+# up SRC through its own server (plain HTTP on loopback, a fresh datastore; the
+# backup is timed too), then
 # restores it three times into a tmpfs (so the target's file system is not what
 # is measured); prints wall/user/system/RSS of each client and the server's CPU
 # and peak RSS. Needs root (tmpfs).
@@ -22,7 +23,9 @@ for which in old new; do
     --state-dir "$work/st-$which" >"$work/serve-$which.log" 2>&1 &
   server=$!
   sleep 1
-  CAIRN_TOKEN=$tok "$bin" --repo cairn+http://127.0.0.1:$port/s backup "$src" -q
+  printf '%s backup: ' "$which"
+  CAIRN_TOKEN=$tok /usr/bin/time -f "%e s wall, %U s user, %S s system, %M KB" \
+    "$bin" --repo cairn+http://127.0.0.1:$port/s backup "$src" -q 2>&1 | tail -1
   for i in 1 2 3; do
     rm -rf "$work/t/r"
     printf '%s restore %s: ' "$which" "$i"

@@ -519,11 +519,11 @@ impl ServerBackend {
             .io
             .run(op, name, async move {
                 let sent = req.send();
-                let mut resp = match watch {
+                let mut resp = match &watch {
                     None => sent.await?,
                     Some((taken, silence)) => tokio::select! {
                         r = sent => r?,
-                        () = taken.silent_for(silence) => return Ok(Err(silence)),
+                        () = taken.silent_for(*silence) => return Ok(Err(*silence)),
                     },
                 };
                 let status = resp.status();
@@ -538,7 +538,19 @@ impl ServerBackend {
                 } else {
                     ERROR_BODY_MAX
                 };
-                let (body, over) = read_capped(&mut resp, cap).await?;
+                // The answer's body, watched too: the upload's client has no read
+                // timeout (review r39: a server that sent its head and then
+                // nothing held the backup for ever).
+                let (body, over) = match &watch {
+                    None => read_capped(&mut resp, cap).await?,
+                    Some((taken, silence)) => {
+                        taken.note();
+                        tokio::select! {
+                            r = read_capped(&mut resp, cap) => r?,
+                            () = taken.silent_for(*silence) => return Ok(Err(*silence)),
+                        }
+                    }
+                };
                 Ok::<_, reqwest::Error>(Ok((status, body, date, over)))
             })
             .map_err(|e| (e, String::new()))?;
@@ -1302,7 +1314,10 @@ mod tests {
             }
             assert_eq!(sizes, [65536, 65536, 65536, 3392]);
             let started = std::time::Instant::now();
-            watch.await.unwrap();
+            tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+                .await
+                .expect("silence after the last frame is seen")
+                .unwrap();
             assert!(started.elapsed() >= std::time::Duration::from_millis(200));
         });
     }

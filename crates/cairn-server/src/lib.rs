@@ -166,6 +166,13 @@ impl App {
         }
     }
 
+    /// Whether uploads are paced at all (`limit_upload`,
+    /// `limit_upload_per_token`).
+    pub fn uploads_paced(&self) -> bool {
+        let l = &self.config.limits;
+        l.upload.is_some() || l.upload_per_token.is_some()
+    }
+
     /// Whether downloads are paced at all (`limit_download`,
     /// `limit_download_per_token`): they then go out a frame at a time, each
     /// paced, so that a client hears from the server as the limit allows
@@ -230,9 +237,24 @@ pub struct ConfigSummary {
     /// The largest chunk (`chunker.max_size`): a pack is sealed once it
     /// reaches `pack_size`, so it may pass it by one chunk.
     pub largest_chunk: u64,
+    /// The smallest chunk but a file's last (`chunker.min_size`), for the
+    /// size of a pack's header: an entry a chunk.
+    pub smallest_chunk: u64,
 }
 
 impl ConfigSummary {
+    /// The most a pack is expected to pass `pack_size` by: its last chunk in
+    /// its envelope, and its header, an entry for each chunk of the smallest
+    /// size (chunks that compress well make more; review r39: the header was
+    /// left out).
+    fn pack_overrun(&self, pack_size: u64) -> u64 {
+        use cairn_format::consts::{ENVELOPE_OVERHEAD, PACK_HEADER_ENTRY_LEN};
+        let entries = pack_size / self.smallest_chunk.max(512) + 1;
+        self.largest_chunk
+            .saturating_add(2 * ENVELOPE_OVERHEAD as u64 + 8)
+            .saturating_add(entries.saturating_mul(PACK_HEADER_ENTRY_LEN as u64))
+    }
+
     /// The repository has the `admin-names` feature.
     pub fn admin_names(&self) -> bool {
         self.features
@@ -298,33 +320,31 @@ pub fn read_config_summary(backend: &dyn Backend) -> Result<ConfigSummary, Strin
             m.clamp(1, cairn_format::config::MAX_MAX_CONCURRENT_JOBS as u64) as u32
         });
     let pack_size = v.get("pack_size").and_then(|p| p.as_u64());
-    let largest_chunk = v
-        .pointer("/chunker/max_size")
-        .and_then(|m| m.as_u64())
-        .unwrap_or(0);
+    let chunker = |k: &str| v.pointer(&format!("/chunker/{k}")).and_then(|m| m.as_u64());
     Ok(ConfigSummary {
         features,
         max_concurrent_jobs,
         pack_size,
-        largest_chunk,
+        largest_chunk: chunker("max_size").unwrap_or(0),
+        smallest_chunk: chunker("min_size").unwrap_or(0),
     })
 }
 
 /// Logs when datastore `name` makes packs larger than the server takes: every
 /// backup through it would fail (QA r35: the server started without a word).
 fn warn_pack_size(name: &str, summary: &ConfigSummary, max_object_size: u64) {
-    // Sealed once it reaches pack_size: one chunk more at most (review r36 L3:
-    // a pack_size equal to max_object_size was not warned of).
+    // Sealed once it reaches pack_size: a chunk and the header more (review
+    // r36 L3: a pack_size equal to max_object_size was not warned of).
     if let Some(p) = summary.pack_size
-        && p.saturating_add(summary.largest_chunk) > max_object_size
+        && p.saturating_add(summary.pack_overrun(p)) > max_object_size
     {
         log_line(&format!(
-            "warning: datastore {name} makes packs of its pack_size ({p} bytes) plus a \
-             chunk of up to {} bytes, more than max_object_size ({max_object_size}): \
-             backups through this server fail unless they use smaller packs (`backup \
-             --pack-size`); raise max_object_size, or lower the datastore's pack size \
-             (`cairn config --pack-size`)",
-            summary.largest_chunk
+            "warning: datastore {name} makes packs of its pack_size ({p} bytes) and up to \
+             {} bytes more (a last chunk and the pack's header), more than max_object_size \
+             ({max_object_size}): backups through this server fail unless they use smaller \
+             packs (`backup --pack-size`); raise max_object_size, or lower the datastore's \
+             pack size (`cairn config --pack-size`)",
+            summary.pack_overrun(p)
         ));
     }
 }
@@ -452,6 +472,7 @@ impl App {
                 max_concurrent_jobs: cairn_format::config::DEFAULT_MAX_CONCURRENT_JOBS,
                 pack_size: None,
                 largest_chunk: 0,
+                smallest_chunk: 0,
             });
             warn_pack_size(name, &summary, config.max_object_size);
             if summary.max_concurrent_jobs > JOBS_WARNING {
@@ -1248,7 +1269,7 @@ async fn run(
         // Its answers not yet taken: one left so too long ends it.
         let untaken = Arc::new(conns::Untaken::default());
         let service = logged(app.clone(), router.clone(), timeout, peer, untaken.clone());
-        let builder = connection_builder();
+        let builder = connection_builder(app.uploads_paced());
         let stall = app.stall();
         let stalled = async move {
             untaken.stalled(stall).await;
@@ -1336,7 +1357,10 @@ async fn run(
 /// headers then have `header_read_timeout` (30 s) to arrive.
 const FIRST_REQUEST_WITHIN: Duration = Duration::from_secs(30);
 
-fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+/// `paced_uploads`: an upload limit is set ([`App::uploads_paced`]).
+fn connection_builder(
+    paced_uploads: bool,
+) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
     let mut b = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     // Slow clients: headers must arrive within 30 s of the connection's start.
     b.http1()
@@ -1355,8 +1379,19 @@ fn connection_builder() -> hyper_util::server::conn::auto::Builder<hyper_util::r
         // What a stream holds of an answer beyond what its client took: a frame
         // of it (h2's default is 400 KiB a stream; `answers`).
         .max_send_buf_size(H2_SEND_BUFFER);
+    if paced_uploads {
+        // What a client has handed over of an upload and the server has not
+        // read yet drains at the paced rate once the client has sent its last
+        // byte, while the client waits for the answer: at most this (hyper's
+        // default is 1 MiB: 110 s at 9 KiB/s, past a client's patience when
+        // many uploads share a limit: review r39).
+        b.http2().initial_stream_window_size(PACED_UPLOAD_WINDOW);
+    }
     b
 }
+
+/// An HTTP/2 stream's receive window when uploads are paced.
+const PACED_UPLOAD_WINDOW: u32 = 256 << 10;
 
 /// The most an HTTP/2 stream buffers of an answer beyond its client's window.
 pub(crate) const H2_SEND_BUFFER: usize = pipe::FRAME;

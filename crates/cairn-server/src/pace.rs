@@ -1,7 +1,8 @@
 //! Bandwidth limits: a pacer per token and one for the whole server, in each
-//! direction. A transfer reserves its bytes on the pacers that apply and the answer
-//! waits until the slowest of them has room, so a client's average rate stays at
-//! the limit (its next request starts only after this one's answer).
+//! direction. A transfer reserves its bytes on the pacers that apply, a piece
+//! at a time, and waits until the slowest of them has room: an upload's body
+//! is read so (`BodyPool::read`), an answer sent so (`api::send_paced`), and
+//! the client hears from the server all along, at the limit.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

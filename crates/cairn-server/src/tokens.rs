@@ -178,15 +178,18 @@ impl TokenStore {
         Ok(file.tokens)
     }
 
-    /// Whether a token of this id exists now.
+    /// Whether a token of this id exists now, and has not expired: what it
+    /// started (a download, a job slot, an upload being received) ends with
+    /// it, as when it is removed (review r39: an expired token's work went on).
     pub fn exists(&self, id: &str) -> Result<bool, TokenError> {
+        let now = cairn_core::time::now_unix();
         Ok(self
             .file
             .current()?
             .checked()?
             .tokens
             .iter()
-            .any(|t| t.id == id))
+            .any(|t| t.id == id && !t.expired_at(now)))
     }
 
     /// The entry a presented token belongs to, if any.

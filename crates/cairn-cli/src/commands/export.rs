@@ -260,31 +260,45 @@ pub(super) fn write_output<R>(
                     crate::ui::bytes(freed)
                 ));
             }
-            let (f, partial) = tempfile::Builder::new()
-                .prefix(&prefix)
-                .suffix(".partial")
-                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-                .tempfile_in(dir)
-                // The OS's reason, without the temporary name tempfile puts in
-                // its message (QA: `.x.tar.pkftdW.partial` shown for a missing
-                // directory).
-                .map_err(|e| {
-                    use std::io::ErrorKind as K;
-                    let code = match e.kind() {
-                        K::NotFound => libc::ENOENT,
-                        K::PermissionDenied => libc::EACCES,
-                        K::ReadOnlyFilesystem => libc::EROFS,
-                        K::StorageFull => libc::ENOSPC,
-                        K::QuotaExceeded => libc::EDQUOT,
-                        K::NotADirectory => libc::ENOTDIR,
-                        _ => return e,
-                    };
-                    std::io::Error::from_raw_os_error(code)
-                })
-                .with_context(|| format!("creating {}", file.display()))?
-                .into_parts();
-            // Held while it is written: a later export does not take it for stale.
-            partial::lock(&f);
+            let create = || {
+                tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .suffix(".partial")
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                    .tempfile_in(dir)
+                    // The OS's reason, without the temporary name tempfile puts in
+                    // its message (QA: `.x.tar.pkftdW.partial` shown for a missing
+                    // directory).
+                    .map_err(|e| {
+                        use std::io::ErrorKind as K;
+                        let code = match e.kind() {
+                            K::NotFound => libc::ENOENT,
+                            K::PermissionDenied => libc::EACCES,
+                            K::ReadOnlyFilesystem => libc::EROFS,
+                            K::StorageFull => libc::ENOSPC,
+                            K::QuotaExceeded => libc::EDQUOT,
+                            K::NotADirectory => libc::ENOTDIR,
+                            _ => return e,
+                        };
+                        std::io::Error::from_raw_os_error(code)
+                    })
+                    .with_context(|| format!("creating {}", file.display()))
+                    .map(tempfile::NamedTempFile::into_parts)
+            };
+            // Held while it is written: a later export does not take it for
+            // stale. One taken away in the instant between its making and its
+            // lock (by an export starting then) is made again.
+            let (mut f, mut partial) = create()?;
+            for _ in 0..3 {
+                partial::lock(&f);
+                if f.metadata().is_ok_and(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    m.nlink() > 0
+                }) {
+                    break;
+                }
+                (f, partial) = create()?;
+            }
             partial::remove_on_signals(&partial);
             let mut w = SequentialWriter::new(f)
                 .with_context(|| format!("opening {}", partial.display()))?;
@@ -660,8 +674,11 @@ mod partial {
     /// freed. Only regular files of this user are touched. Whatever their age
     /// (QA r37: an export killed and started again at once left its partial, which
     /// was then a minute old for no later run). An export holds its lock from
-    /// the moment after it made the file; one whose file were taken in that
-    /// moment would fail when renaming it, saying so, and lose nothing.
+    /// the moment after it made the file, and makes it again if it was taken
+    /// in that moment. A file system whose locks do not reach other machines
+    /// (NFS mounted with `local_lock`) is one where exports to the same name
+    /// from two machines at once must not be run (their renames would clash
+    /// anyway).
     pub fn remove_stale(dir: &Path, prefix: &OsStr) -> (u64, u64) {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let Ok(entries) = std::fs::read_dir(dir) else {

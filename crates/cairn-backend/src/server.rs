@@ -167,11 +167,41 @@ struct Uploading {
     taken: Arc<Taken>,
 }
 
-/// When the connection last took a frame of an upload (or the upload began).
+/// When the connection last took a frame of an upload (or the upload began),
+/// and when it was handed the last.
 pub(crate) struct Taken {
     start: std::time::Instant,
     /// Milliseconds from `start`.
     at_ms: std::sync::atomic::AtomicU64,
+    /// Bytes of the body in all.
+    len: u64,
+    /// When the last frame was handed over, in milliseconds from `start` plus
+    /// one (0: not yet).
+    ended_ms: std::sync::atomic::AtomicU64,
+}
+
+/// What may sit between an upload's last frame handed over and the server's
+/// reading it (HTTP/1.1: the connection's write buffer, the kernel's socket
+/// buffers at both ends): it drains at the rate the upload went, before the
+/// server can answer.
+const UPLOAD_QUEUE_BOUND: u64 = 8 << 20;
+
+/// A frame handed over; dropped once the connection has written it.
+struct SentFrame {
+    data: bytes::Bytes,
+    taken: Arc<Taken>,
+}
+
+impl AsRef<[u8]> for SentFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for SentFrame {
+    fn drop(&mut self) {
+        self.taken.note();
+    }
 }
 
 /// What an upload hands over at a time.
@@ -180,11 +210,13 @@ const UPLOAD_FRAME: usize = 64 << 10;
 impl Uploading {
     fn new(data: bytes::Bytes) -> Uploading {
         Uploading {
-            data,
             taken: Arc::new(Taken {
                 start: std::time::Instant::now(),
                 at_ms: std::sync::atomic::AtomicU64::new(0),
+                len: data.len() as u64,
+                ended_ms: std::sync::atomic::AtomicU64::new(0),
             }),
+            data,
         }
     }
 }
@@ -196,17 +228,28 @@ impl Taken {
     }
 
     /// Resolves once nothing was taken for `silence` (looked at every eighth of
-    /// it, at most every 15 s).
+    /// it, at most every 15 s). Once the last frame is handed over, what is
+    /// still queued behind it drains at the rate the upload went before the
+    /// server can answer: that much more is allowed (review r39: at a few
+    /// KiB/s an upload was given up at its end, again and again).
     async fn silent_for(&self, silence: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
         let every = (silence / 8).clamp(
             std::time::Duration::from_millis(100),
             std::time::Duration::from_secs(15),
         );
         loop {
             tokio::time::sleep(every).await;
-            let last = self.at_ms.load(std::sync::atomic::Ordering::Relaxed);
+            let last = self.at_ms.load(Relaxed);
             let now = self.start.elapsed().as_millis() as u64;
-            if now.saturating_sub(last) >= silence.as_millis() as u64 {
+            let ended = self.ended_ms.load(Relaxed);
+            // The time the queue takes at the upload's rate: the time so far
+            // for the bound's share of the body.
+            let drain = match ended {
+                0 => 0,
+                e => (e - 1).saturating_mul(UPLOAD_QUEUE_BOUND.min(self.len)) / self.len.max(1),
+            };
+            if now.saturating_sub(last) >= (silence.as_millis() as u64).saturating_add(drain) {
                 return;
             }
         }
@@ -227,7 +270,17 @@ impl http_body::Body for Uploading {
             return std::task::Poll::Ready(None);
         }
         let n = self.data.len().min(UPLOAD_FRAME);
-        let frame = self.data.split_to(n);
+        let data = self.data.split_to(n);
+        if self.data.is_empty() {
+            let t = &self.taken;
+            let ms = t.start.elapsed().as_millis() as u64 + 1;
+            t.ended_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Noted again when the connection has written it.
+        let frame = bytes::Bytes::from_owner(SentFrame {
+            data,
+            taken: self.taken.clone(),
+        });
         std::task::Poll::Ready(Some(Ok(http_body::Frame::data(frame))))
     }
 

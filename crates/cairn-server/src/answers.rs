@@ -455,6 +455,50 @@ mod tests {
         assert_eq!(a.held_bytes(), 0);
     }
 
+    /// An answer left untaken on a connection whose other answers are being
+    /// taken (HTTP/2 streams sharing a slow link) ends it only at four times
+    /// the limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_moving_connection_is_given_four_times_the_limit() {
+        use std::time::Duration;
+        let a = Answers::new(16, 16);
+        let conn = crate::conns::Untaken::default();
+        let mut stuck = a
+            .hold(
+                Caller::Known("x".into()),
+                None,
+                answer(1 << 20),
+                conn.track(),
+            )
+            .into_body();
+        let _kept = stuck.frame().await;
+        let mut moving = a
+            .hold(
+                Caller::Known("y".into()),
+                None,
+                answer(8 << 20),
+                conn.track(),
+            )
+            .into_body();
+        let started = tokio::time::Instant::now();
+        let watch = conn.stalled(Duration::from_secs(120));
+        tokio::pin!(watch);
+        loop {
+            tokio::select! {
+                () = &mut watch => break,
+                f = moving.frame() => {
+                    drop(f);
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                }
+            }
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(480) && took <= Duration::from_secs(500),
+            "{took:?}"
+        );
+    }
+
     /// The frames hold the answer's place after the body is gone: the budget
     /// counts them until the connection drops the last one.
     #[tokio::test]

@@ -140,15 +140,33 @@ impl<K: Hash + Eq> Drop for Place<K> {
 /// stream's window while the connection goes on answering pings, and that
 /// answer, with its room in [`crate::answers`], stayed for as long as the
 /// connection did.
-#[derive(Default)]
+///
+/// An answer's wait alone does not end a connection whose other answers are
+/// being taken: HTTP/2 interleaves its streams, and with many answers over a
+/// slow link each one's frame completes only every so often (review r39: 100
+/// answers at 40 KiB/s, 160 s a frame). Such a connection is ended only once
+/// an answer has waited four times the limit.
 pub struct Untaken {
     answers: Mutex<Vec<std::sync::Weak<Taking>>>,
+    /// When the connection last had a frame of any answer taken.
+    any: Arc<Mutex<tokio::time::Instant>>,
+}
+
+impl Default for Untaken {
+    fn default() -> Untaken {
+        Untaken {
+            answers: Mutex::default(),
+            any: Arc::new(Mutex::new(tokio::time::Instant::now())),
+        }
+    }
 }
 
 /// One answer's frames handed to the connection: how many it has not sent or
 /// dropped yet, and since when the client has taken none of them.
 pub struct Taking {
     out: Mutex<(usize, tokio::time::Instant)>,
+    /// The connection's [`Untaken::any`].
+    any: Arc<Mutex<tokio::time::Instant>>,
 }
 
 impl Taking {
@@ -164,9 +182,12 @@ impl Taking {
 
     /// A frame handed out was sent (or dropped): the client took something.
     pub fn taken(&self) {
+        let now = tokio::time::Instant::now();
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         out.0 = out.0.saturating_sub(1);
-        out.1 = tokio::time::Instant::now();
+        out.1 = now;
+        drop(out);
+        *self.any.lock().unwrap_or_else(|e| e.into_inner()) = now;
     }
 
     /// How long frames of it have waited with none taken, if any wait.
@@ -181,6 +202,7 @@ impl Untaken {
     pub fn track(&self) -> Arc<Taking> {
         let taking = Arc::new(Taking {
             out: Mutex::new((0, tokio::time::Instant::now())),
+            any: self.any.clone(),
         });
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         // Answers that ended are swept as they pile up: a connection holds at
@@ -205,7 +227,9 @@ impl Untaken {
     }
 
     /// Resolves once an answer of the connection has waited `limit` with none
-    /// of it taken (looked at every eighth of `limit`, at most every 15 s).
+    /// of it taken while the connection took nothing either for a quarter of
+    /// it, or four times `limit` whatever the others did (looked at every
+    /// eighth of `limit`, at most every 15 s).
     pub async fn stalled(&self, limit: std::time::Duration) {
         let every = (limit / 8).clamp(
             std::time::Duration::from_millis(100),
@@ -213,7 +237,11 @@ impl Untaken {
         );
         loop {
             tokio::time::sleep(every).await;
-            if self.longest_wait().is_some_and(|w| w >= limit) {
+            let Some(wait) = self.longest_wait() else {
+                continue;
+            };
+            let idle = self.any.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+            if wait >= limit && (idle >= limit / 4 || wait >= 4 * limit) {
                 return;
             }
         }

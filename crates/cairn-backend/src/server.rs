@@ -477,7 +477,10 @@ impl ServerBackend {
     /// for the silence allowed (from their start) fail.
     fn http(location: &str, opts: &ServerOptions, read_timeout: bool) -> Result<reqwest::Client> {
         let silence = opts.silence.unwrap_or(crate::io::DEFAULT_SILENCE);
-        let mut client = crate::io::http_client().tcp_user_timeout(silence);
+        // No redirect followed ([`refused`] says where it came from).
+        let mut client = crate::io::http_client()
+            .tcp_user_timeout(silence)
+            .redirect(reqwest::redirect::Policy::none());
         if read_timeout {
             client = client.read_timeout(silence);
         }
@@ -792,6 +795,15 @@ fn refused(
 ) -> (BackendError, String) {
     let (kind_name, message) = match serde_json::from_slice::<ErrorBody>(body) {
         Ok(b) => (b.error, b.message),
+        // Redirects are not followed, by any request alike (an upload's body
+        // cannot be sent twice: review r39), and said as such.
+        Err(_) if status.is_redirection() => (
+            String::new(),
+            format!(
+                "HTTP {status}: the server, or a proxy in front of it, sends this client \
+                 elsewhere; give the address it sends to (the cairn server's own) in --repo"
+            ),
+        ),
         Err(_) => (
             String::new(),
             format!(
@@ -1373,6 +1385,22 @@ mod tests {
                 .unwrap();
             assert!(started.elapsed() >= std::time::Duration::from_millis(200));
         });
+    }
+
+    /// A redirect is said as one, with what to do.
+    #[test]
+    fn a_redirect_is_said_as_one() {
+        let (e, _) = refused(
+            "put",
+            "data/ab",
+            reqwest::StatusCode::PERMANENT_REDIRECT,
+            b"",
+        );
+        assert!(
+            e.message.contains("308") && e.message.contains("give the address it sends to"),
+            "{}",
+            e.message
+        );
     }
 
     /// Another web server's page is named in one line, not printed whole; a

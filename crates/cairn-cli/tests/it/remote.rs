@@ -472,3 +472,42 @@ fn credentials_from_a_profile() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("access denied"));
 }
+
+/// A cairn server address that answers with a redirect (a proxy that moved,
+/// http to https) is said as such, with what to do, by every request alike:
+/// no request follows it, an upload's body could not be sent twice (review
+/// r39: reads followed redirects and uploads failed on them).
+#[test]
+fn a_redirecting_server_address_is_said_as_one() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(
+                b"HTTP/1.1 308 Permanent Redirect\r\nLocation: http://127.0.0.1:1/elsewhere\r\n\
+                  Content-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let env = Env::new();
+    let o = env
+        .cmd(&["--retry-for", "0", "snapshots"])
+        .arg("--repo")
+        .arg(format!("cairn+http://127.0.0.1:{port}/main"))
+        .env(
+            "CAIRN_TOKEN",
+            format!("cairn_{}_{}", "0".repeat(16), "0".repeat(64)),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("308") && err.contains("give the address it sends to"),
+        "{err}"
+    );
+}

@@ -2179,6 +2179,16 @@ fn image_fs_restores_specials_and_goes_past_an_unreadable_entry() {
         String::from_utf8_lossy(&o.stdout).contains("/d/odd\\xff"),
         "{o:?}"
     );
+    // A device's number, as `ls -l` of a snapshot of files shows it (QA r37).
+    if is_root() {
+        let o = env.run(&["ls", "-l", &snap, "--image-fs", "/d"]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.lines()
+                .any(|l| l.contains("/d/null") && l.contains("1, 3")),
+            "{text}"
+        );
+    }
     let o = env
         .cmd(&["dump", &snap, "--image-fs"])
         .arg(std::ffi::OsStr::from_bytes(b"/d/odd\xff"))

@@ -699,7 +699,17 @@ impl ImageFs {
         for c in children {
             self.check_cancelled()?;
             let meta = match c.meta.and_then(|m| Ok((self.entry(&c.path, &m)?, m))) {
-                Ok((entry, m)) => {
+                Ok((mut entry, m)) => {
+                    // A device's number, from this crate's inode reader
+                    // (`ext4-view` does not show it), as `ls -l` of a snapshot
+                    // of files shows it (QA r37: none).
+                    if matches!(entry.kind, "chardev" | "blockdev")
+                        && let (Some(fs), Some(n)) = (walk.ext2, inos.get(&c.raw))
+                        && let Ok(i) = fs.inode(*n)
+                    {
+                        let rdev = i.rdev() as libc::dev_t;
+                        entry.device = Some([libc::major(rdev) as u64, libc::minor(rdev) as u64]);
+                    }
                     f(entry)?;
                     m
                 }

@@ -744,8 +744,19 @@ fn paced_answer(app: &Arc<App>, token: &str, data: Bytes, status: StatusCode) ->
             let _ = tx.end().await;
         }
     });
+    piped_answer(body, status, len, len)
+}
+
+/// The answer whose `len` bytes of object data come through the pipe `body`,
+/// holding `weight` of the server's memory at most ([`crate::answers`]).
+fn piped_answer(
+    body: crate::pipe::PipeBody,
+    status: StatusCode,
+    len: u64,
+    weight: u64,
+) -> Response {
     let mut r = Response::new(axum::body::Body::new(body));
-    r.extensions_mut().insert(crate::answers::Weight(len));
+    r.extensions_mut().insert(crate::answers::Weight(weight));
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(
@@ -838,21 +849,14 @@ async fn stream_object(
         }
         let _ = tx.end().await;
     });
-    let mut r = Response::new(axum::body::Body::new(body));
+    let status = if partial {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
     // What it holds at once: the piece being sent, one in the pipe, the next
     // being read.
-    r.extensions_mut()
-        .insert(crate::answers::Weight(size.min(3 * piece)));
-    if partial {
-        *r.status_mut() = StatusCode::PARTIAL_CONTENT;
-    }
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, axum::http::HeaderValue::from(size));
-    Ok(r)
+    Ok(piped_answer(body, status, size, size.min(3 * piece)))
 }
 
 /// `len` bytes at `at` of object `name`, in a kept buffer (as a restore's
@@ -991,9 +995,12 @@ pub async fn put(
     // Paced as it is received (`BodyPool::read`).
     let (paced, token_id) = (app.clone(), t.id.clone());
     let pace = move |n: u64| paced.pace(&token_id, true, n);
+    let pace = app
+        .uploads_paced()
+        .then_some(&pace as &(dyn Fn(u64) -> std::time::Duration + Send + Sync));
     let body = match app
         .bodies
-        .read(body, max, length, Some(&mut memory), Some(&pace))
+        .read(body, max, length, Some(&mut memory), pace)
         .await
     {
         Ok(b) => b,

@@ -927,7 +927,7 @@ impl ImageFs {
         // As a restore of files: what a restore here that did not finish left is
         // not kept for its time, even with `never` or `if-newer`.
         use std::os::fd::AsFd as _;
-        crate::ops::restore::unfinished::hold_target(root.as_fd(), target)?;
+        crate::ops::restore::target::hold_target(root.as_fd(), target)?;
         let unfinished_since = crate::ops::restore::unfinished::since(root.as_fd());
         let selection = crate::ops::restore::unfinished::selection(
             self.tree.as_bytes(),

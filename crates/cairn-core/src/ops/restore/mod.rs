@@ -552,7 +552,7 @@ pub(super) fn restore_under(
         })?
         .into();
     sys::probe_openat2(root_fd.as_fd());
-    unfinished::hold_target(root_fd.as_fd(), target)?;
+    target::hold_target(root_fd.as_fd(), target)?;
     let st = sys::fstat(root_fd.as_fd()).map_err(|e| Error::io(target, e))?;
     // Fail early and clearly when the target cannot be written. The probe's name is
     // predictable, so whatever is there already is removed (never followed: a symlink

@@ -481,18 +481,19 @@ mod tests {
             )
             .into_body();
         let started = tokio::time::Instant::now();
-        let watch = conn.stalled(Duration::from_secs(120));
-        tokio::pin!(watch);
-        loop {
-            tokio::select! {
-                () = &mut watch => break,
-                f = moving.frame() => {
-                    drop(f);
-                    tokio::time::sleep(Duration::from_secs(20)).await;
-                }
+        // The client takes a frame every 20 s in a task of its own, so the
+        // watch is polled on time whatever the taker does (in one `select!`
+        // with the taker's sleep, the watch waited behind it).
+        let taker = tokio::spawn(async move {
+            while let Some(f) = moving.frame().await {
+                drop(f);
+                tokio::time::sleep(Duration::from_secs(20)).await;
             }
-        }
+        });
+        conn.stalled(Duration::from_secs(120)).await;
         let took = started.elapsed();
+        assert!(!taker.is_finished(), "the moving answer ran out: {took:?}");
+        taker.abort();
         assert!(
             took >= Duration::from_secs(480) && took <= Duration::from_secs(500),
             "{took:?}"

@@ -57,6 +57,12 @@ struct ImageTrack<'a> {
     /// The next block's number.
     block: u64,
     counts: ImageCounts,
+    /// The parent image's content and times, which the image takes when its
+    /// content is that (a block device's: see `Item::ImageStart`).
+    unchanged: Option<(
+        cairn_format::tree::Content,
+        [cairn_format::tree::Timestamp; 3],
+    )>,
 }
 
 impl ImageTrack<'_> {
@@ -394,8 +400,13 @@ fn run<'a>(
                         node,
                         geometry,
                         parent,
+                        unchanged_times,
                     } => {
                         let repo = st.repo;
+                        let unchanged = match (&parent, unchanged_times) {
+                            (Some((_, c)), Some(t)) => Some((c.clone(), t)),
+                            _ => None,
+                        };
                         let parent = parent.and_then(|(g, c)| FixedList::new(repo, g, c).ok());
                         let zero = vec![0u8; geometry.block_size as usize];
                         file = Some(OpenFile {
@@ -410,6 +421,7 @@ fn run<'a>(
                                 zero_id: repo.key().blob_id(&zero),
                                 block: 0,
                                 counts: ImageCounts::default(),
+                                unchanged,
                             }),
                         });
                     }
@@ -611,6 +623,11 @@ fn finish_file(
     let mut emit = |cl: ChunkList| st.store_meta(BlobKind::ChunkList, &cl.encode());
     node.content = f.builder.finish(&mut emit)?;
     node.size = f.bytes;
+    if let Some((content, [m, a, c])) = f.image.as_ref().and_then(|t| t.unchanged.as_ref())
+        && *content == node.content
+    {
+        (node.mtime, node.atime, node.ctime) = (*m, *a, *c);
+    }
     if let Some(l) = f.link {
         st.links.record(l, whole.then_some(&node));
     }

@@ -67,6 +67,9 @@ pub(crate) struct ImagePlan {
     pub device_writes: Option<(u64, u64)>,
     /// A regular file's device and inode numbers (see `ImageInfo::source_file`).
     pub source_file: Option<[u64; 2]>,
+    /// A block device's image: the parent image's times (mtime, atime, ctime),
+    /// kept when the content is the parent's.
+    pub unchanged_times: Option<[cairn_format::tree::Timestamp; 3]>,
 }
 
 impl ImagePlan {
@@ -159,6 +162,7 @@ impl Walker<'_> {
             node: Box::new(plan.node.clone()),
             geometry: g,
             parent: plan.parent.clone(),
+            unchanged_times: plan.unchanged_times,
         })?;
         let to_read = match &plan.changed {
             Some(c) => {
@@ -965,6 +969,19 @@ pub(crate) fn plan(
     // snapshot's node would differ for nothing, and `--skip-if-unchanged` saved
     // a snapshot of an unchanged image (QA). An image's atime says nothing.
     node.atime = node.mtime;
+    // A block device node's times do not move when its disk is written (through
+    // a mounted filesystem, a VM), so as the image's times they said Monday's
+    // disk and Tuesday's were the same file: `rsync -a` from a mount or an
+    // export skipped the new one (QA r37). The image of a device is given the
+    // time it was read, and keeps its parent's times while its content is the
+    // parent's (see `ImageStart::unchanged_times`), as a file's mtime moves
+    // only when it is written.
+    let device = meta.file_type().is_block_device();
+    if device {
+        let now = crate::time::now_timestamp();
+        (node.mtime, node.atime, node.ctime) = (now, now, now);
+    }
+    let mut unchanged_times = None;
     let block_size = repo.config().chunker.avg_size;
     let geometry = Geometry::new(size, block_size, crate::tree::fixed::fanout_for(block_size))?;
 
@@ -1030,6 +1047,9 @@ pub(crate) fn plan(
                 )));
             }
             parent_unreadable.clone_from(&info.unreadable);
+            if device {
+                unchanged_times = Some([pnode.mtime, pnode.atime, pnode.ctime]);
+            }
             // A changed-block list describes changes since the parent's source was
             // read: another device, or another size, is worth a word (an LVM
             // snapshot's name may change every day, so it is not refused).
@@ -1185,6 +1205,7 @@ pub(crate) fn plan(
     let direct = crate::ops::image::reopen_direct(&file, false);
     let device_writes = device_writes(&file);
     Ok(ImagePlan {
+        unchanged_times,
         device_writes,
         source_file,
         file,

@@ -290,6 +290,10 @@ pub(crate) enum Item {
         node: Box<Node>,
         geometry: crate::tree::fixed::Geometry,
         parent: Option<(crate::tree::fixed::Geometry, cairn_format::tree::Content)>,
+        /// A block device's image with a parent: the parent image's mtime, atime
+        /// and ctime, which the image keeps when its content is the parent's
+        /// (else it has the time it was read).
+        unchanged_times: Option<[cairn_format::tree::Timestamp; 3]>,
     },
     /// A whole subtree of the parent image's chunk list taken as it is: an entry
     /// of a level-`level` list covering `chunks` blocks.

@@ -3763,6 +3763,48 @@ fn a_changed_block_list_is_not_applied_to_a_file_put_in_the_sources_place() {
     assert!(!Path::new("-").exists() && !env.path("-").exists());
 }
 
+/// A dump of an image that meets a damaged block gives every block before it
+/// and says where it stopped (QA r37: "cut short after the first 0 bytes" for
+/// damage at 294,912, the blocks of its read batch before it held back).
+#[test]
+fn a_dump_cut_short_by_a_damaged_block_gives_the_blocks_before_it() {
+    let env = Env::new();
+    // Stored as they are: the block to damage is found in its pack.
+    env.init(&[
+        "--block-size",
+        "4K",
+        "--no-encryption",
+        "--compression",
+        "none",
+    ]);
+    let src = env.path("disk.img");
+    let data = Rng(23).bytes(2 * MIB, false);
+    fs::write(&src, &data).unwrap();
+    let snap = image_snapshot(&env, &src);
+    // Block 75: not the first of a batch of 32, and the 4th batch.
+    let at = 75 * 4096;
+    let needle = &data[at..at + 4096];
+    let mut damaged = false;
+    for (pack, _) in packs(&env.repo) {
+        let mut b = fs::read(&pack).unwrap();
+        if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
+            b[i + 100] ^= 0x10;
+            fs::write(&pack, b).unwrap();
+            damaged = true;
+        }
+    }
+    assert!(damaged, "block 75 not found in a pack");
+    let o = env.run(&["dump", &snap, "disk.img"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.stdout.len(), at, "{err}");
+    assert!(o.stdout == data[..at]);
+    assert!(
+        err.contains(&format!("cut short after the first {at} of its")),
+        "{err}"
+    );
+}
+
 /// A filesystem of 128-byte inodes (valid: old ext2/ext3, `mkfs -I 128`),
 /// which the reader behind --image-fs cannot read, is said to be that and not
 /// "corrupt", with the way that works (QA r18).

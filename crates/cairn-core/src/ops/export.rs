@@ -1409,6 +1409,10 @@ pub(crate) struct Content<'a> {
     pub(crate) zero_damaged: bool,
     /// What was given as zeros: bytes, and why the first such chunk was.
     pub(crate) damaged: Option<(u64, String)>,
+    /// A blob of a batch could not be read: the error, given once the blobs
+    /// before it in the batch are written (QA r37: a dump said it was cut short
+    /// after 0 bytes where the damage began at 294,912).
+    after_ready: Option<Error>,
 }
 
 /// A piece of a file's content ready for the writer.
@@ -1444,6 +1448,7 @@ impl<'a> Content<'a> {
             ahead: None,
             zero_damaged: false,
             damaged: None,
+            after_ready: None,
         }
     }
 
@@ -1534,6 +1539,9 @@ impl<'a> Content<'a> {
     /// Reads the next blobs: keeps [`BATCHES_IN_FLIGHT`] batches asked for, so that
     /// the readers decode the next ones while the writer writes these.
     fn fill(&mut self) -> Result<()> {
+        if let Some(e) = self.after_ready.take() {
+            return Err(e);
+        }
         while self.batches.len() < BATCHES_IN_FLIGHT {
             if !self.start_batch()? {
                 break;
@@ -1603,7 +1611,12 @@ impl<'a> Content<'a> {
                         let pack = self.repo.index().pack_of(&loc).short();
                         what.push_str(&format!(" (in pack {pack})"));
                     }
-                    return Err(e);
+                    // The blobs before it are the file's bytes: written first.
+                    if self.ready.is_empty() {
+                        return Err(e);
+                    }
+                    self.after_ready = Some(e);
+                    return Ok(());
                 }
                 Ok(b) => b,
             };

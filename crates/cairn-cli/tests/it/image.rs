@@ -1671,6 +1671,48 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
         &["--verify"],
     );
     assert!(fs::read(&out2).unwrap() == data);
+    // A later backup copied too: its blocks are counted against the copy of
+    // its parent here (QA r37: every copied image said every block changed).
+    // Changed since the second: 4K blocks 256 (above) and 512-513.
+    change(&img, &mut data, &[(2 * MIB + 10, 5000)], 43);
+    let third = backup_image(&src_env, &img, &[]);
+    let third = third["snapshot_id"].as_str().unwrap();
+    let o = dst
+        .cmd(&["copy", "--from", &src_env.location, third])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
+    let copy = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["copied_from"]["snapshot"] == third)
+        .unwrap_or_else(|| panic!("no copy of {third}: {all}"));
+    let info = &copy["image"];
+    assert_eq!(info["blocks_changed"], 3, "{info}");
+    assert_eq!(info["blocks"], (data.len() as u64).div_ceil(4096));
+    let shown = dst.ok(&["snapshots"]);
+    assert!(shown.contains("3 changed of"), "{shown}");
+    // Unchanged since: none changed, whether the copy cuts it again or takes
+    // the content it cut for the third.
+    let fourth = backup_image(&src_env, &img, &[]);
+    let fourth = fourth["snapshot_id"].as_str().unwrap();
+    let o = dst
+        .cmd(&["copy", "--from", &src_env.location, fourth])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
+    let copy = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["copied_from"]["snapshot"] == fourth)
+        .unwrap_or_else(|| panic!("no copy of {fourth}: {all}"));
+    assert_eq!(copy["image"]["blocks_changed"], 0, "{}", copy["image"]);
     dst.check_clean();
 }
 

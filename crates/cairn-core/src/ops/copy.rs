@@ -89,6 +89,9 @@ struct Run<'a> {
     /// The destination's snapshots when the copy began: one that appears later is
     /// read to see whether it is a copy made meanwhile by another run.
     dst_snapshots: std::collections::HashSet<SnapshotId>,
+    /// The source's snapshots (as hex) that have a copy in the destination, and
+    /// that copy: an image's parent copy is what its blocks are counted against.
+    copies: HashMap<String, SnapshotId>,
     pack_size: Option<u64>,
 }
 
@@ -309,6 +312,7 @@ pub fn copy(
         map_path,
         lock: &lock,
         dst_snapshots: in_dst.values().copied().collect(),
+        copies: copies.iter().map(|(k, v)| (k.clone(), v.0)).collect(),
         pack_size: opts.pack_size,
     };
     let stats = copy_snapshots(src.repo(), dst.repo(), &wanted, present, &run, &progress)?;
@@ -438,6 +442,10 @@ fn copy_snapshots(
         trees: Mutex::new(IdMap::default()),
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
+        image_parent: Mutex::new(None),
+        image_changed_blocks: AtomicU64::new(0),
+        image_rechunked: Default::default(),
+        image_taken: Mutex::new(None),
         dedup: dst.dedup().cloned(),
         deferred: Mutex::new(Default::default()),
         held: Mutex::new(Default::default()),
@@ -445,6 +453,7 @@ fn copy_snapshots(
             listed: opts.dst_snapshots.clone(),
             arrived: Vec::new(),
         }),
+        copies: Mutex::new(opts.copies.clone()),
     };
     let mut stats = CopyStats {
         same_chunking,
@@ -498,6 +507,7 @@ fn copy_in_order(
     for &(sid, snap) in order {
         progress.check_cancelled()?;
         if let Some(t) = present.get(&sid.to_hex()) {
+            crate::lock(&copier.copies).insert(sid.to_hex(), *t);
             // A record a run killed after the snapshot did not write, now.
             match copier
                 .dst
@@ -528,6 +538,7 @@ fn copy_in_order(
         let target = match arrived {
             Ok((t, true)) => {
                 present.insert(sid.to_hex(), t);
+                crate::lock(&copier.copies).insert(sid.to_hex(), t);
                 stats.snapshots.push(SnapshotCopy {
                     source: *sid,
                     target: t,
@@ -586,6 +597,7 @@ fn copy_in_order(
                 });
         }
         present.insert(sid.to_hex(), target);
+        crate::lock(&copier.copies).insert(sid.to_hex(), target);
         stats.snapshots.push(SnapshotCopy {
             source: *sid,
             target,
@@ -709,12 +721,22 @@ struct Copier<'a> {
     trees: Mutex<IdMap<BlobId>>,
     /// What [`Copier::copied_meanwhile`] learnt of the destination's snapshots.
     seen: Mutex<Seen>,
+    /// [`Run::copies`], and the copies this run made or found.
+    copies: Mutex<HashMap<String, SnapshotId>>,
     /// The snapshot being copied is an image (`backup --image`): re-chunked files
     /// are cut in the destination's fixed blocks with the image list geometry, so
     /// the copy stays an image snapshot (and a parent for incremental ones there).
     image: std::sync::atomic::AtomicBool,
     /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
     image_zero_blocks: AtomicU64,
+    /// The destination's copy of the image's parent ([`Self::image_parent_copy`]).
+    image_parent: Mutex<Option<(crate::tree::fixed::Geometry, Content)>>,
+    /// Blocks of the image cut again that differ from `image_parent`'s.
+    image_changed_blocks: AtomicU64,
+    /// Whether the image was cut again (not taken from an earlier copy's).
+    image_rechunked: std::sync::atomic::AtomicBool,
+    /// The image's content here when an earlier copy had cut it already.
+    image_taken: Mutex<Option<Content>>,
     /// The destination server's dedup service (see [`Repository::start_dedup_queries`]).
     dedup: Option<Arc<DedupClient>>,
     /// Data chunks another client of the server was sending when this copy
@@ -904,6 +926,14 @@ impl Copier<'_> {
     /// The destination's copy of `snap` stored by another run since this one
     /// listed the destination, if any: snapshots that appeared since are read once.
     fn copied_meanwhile(&self, sid: &SnapshotId, snap: &Snapshot) -> Result<Option<SnapshotId>> {
+        let (hex, wanted) = (sid.to_hex(), identity(snap));
+        self.find_copy(|from, ident| from == Some(hex.as_str()) || ident == wanted)
+    }
+
+    /// The destination's snapshot whose source id (`copied_from` this source, as
+    /// hex) and identity `wanted` says, listing the snapshots that arrived since
+    /// the last look.
+    fn find_copy(&self, wanted: impl Fn(Option<&str>, &str) -> bool) -> Result<Option<SnapshotId>> {
         let src_id = &self.src.config().id;
         let ids = self.dst.list_snapshot_ids()?;
         let mut guard = crate::lock(&self.seen);
@@ -922,11 +952,44 @@ impl Copier<'_> {
                 arrived.push((id, from, ident));
             }
         }
-        let (hex, wanted) = (sid.to_hex(), identity(snap));
         Ok(arrived
             .iter()
-            .find(|(_, from, ident)| from.as_deref() == Some(hex.as_str()) || *ident == wanted)
+            .find(|(_, from, ident)| wanted(from.as_deref(), ident))
             .map(|(id, _, _)| *id))
+    }
+
+    /// For an image cut again in the destination's blocks: the destination's
+    /// copy of its parent snapshot (its image's geometry and content), which its
+    /// blocks are counted against as its backup counted them against the parent
+    /// there; `None` when there is none, or none that reads as an image of this
+    /// block size.
+    fn image_parent_copy(
+        &self,
+        snap: &Snapshot,
+    ) -> Result<Option<(crate::tree::fixed::Geometry, Content)>> {
+        let Some(parent) = snap.parent.as_deref() else {
+            return Ok(None);
+        };
+        let known = crate::lock(&self.copies).get(parent).copied();
+        let pid = match known {
+            Some(p) => p,
+            None => match self.find_copy(|from, _| from == Some(parent))? {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+        };
+        let Ok(psnap) = self.dst.read_snapshot(&pid) else {
+            return Ok(None);
+        };
+        let Ok((info, node)) = crate::ops::image::image_node(self.dst, &psnap) else {
+            return Ok(None);
+        };
+        let bs = self.dst.config().chunker.avg_size;
+        if (info.block_size, info.fanout) != (bs, crate::tree::fixed::fanout_for(bs)) {
+            return Ok(None);
+        }
+        let g = crate::tree::fixed::Geometry::new(info.size, info.block_size, info.fanout)?;
+        Ok(Some((g, node.content)))
     }
 
     /// Copies one snapshot; true with the id of a copy another run stored first.
@@ -969,6 +1032,14 @@ impl Copier<'_> {
         let root = snap.tree_id().map_err(|e| Error::damaged("snapshot", e))?;
         self.image.store(snap.image.is_some(), Ordering::Relaxed);
         self.image_zero_blocks.store(0, Ordering::Relaxed);
+        let parent_copy = match (&snap.image, self.same_chunking) {
+            (Some(_), false) => self.image_parent_copy(snap)?,
+            _ => None,
+        };
+        *crate::lock(&self.image_parent) = parent_copy.clone();
+        self.image_changed_blocks.store(0, Ordering::Relaxed);
+        self.image_rechunked.store(false, Ordering::Relaxed);
+        *crate::lock(&self.image_taken) = None;
         // One walk thread hands each directory's files to a pool of workers, each
         // with its own encoder for the whole snapshot.
         let walked = std::thread::scope(|s| {
@@ -1034,7 +1105,19 @@ impl Copier<'_> {
             info.fanout = crate::tree::fixed::fanout_for(bs);
             info.blocks = info.size.div_ceil(u64::from(bs));
             info.blocks_read = info.blocks;
-            info.blocks_changed = info.blocks;
+            // Against the copy of its parent here, as its backup counted them
+            // against the parent there (QA r37: every copy said every block
+            // changed). An image whose content an earlier copy cut already is
+            // that content: unchanged when it is the parent's.
+            info.blocks_changed = match parent_copy {
+                Some(_) if self.image_rechunked.load(Ordering::Relaxed) => {
+                    self.image_changed_blocks.load(Ordering::Relaxed)
+                }
+                Some((_, content)) if crate::lock(&self.image_taken).as_ref() == Some(&content) => {
+                    0
+                }
+                _ => info.blocks,
+            };
             info.blocks_zero = self.image_zero_blocks.load(Ordering::Relaxed);
             info.changed_blocks_input = false;
             // What this copy added for it, beside "every block changed" (the
@@ -1335,6 +1418,7 @@ impl Copier<'_> {
                 && let Some(known) = self.known_content(&content)
             {
                 self.progress.bytes_done(size);
+                self.note_image_taken(&known);
                 let _ = job.reply.send((node, Ok(known)));
                 continue;
             }
@@ -1362,6 +1446,13 @@ impl Copier<'_> {
         for (node, content, size) in todo {
             let r = self.copy_content(enc, &content, size, &mut pre);
             let _ = job.reply.send((node, r));
+        }
+    }
+
+    /// An image's content taken from an earlier copy's cut (see `image_taken`).
+    fn note_image_taken(&self, content: &Content) {
+        if self.image.load(Ordering::Relaxed) {
+            *crate::lock(&self.image_taken) = Some(content.clone());
         }
     }
 
@@ -1546,6 +1637,7 @@ impl Copier<'_> {
             // content is this thread's to do after all.
             if let Some(c) = self.known_content(content) {
                 self.progress.bytes_done(size);
+                self.note_image_taken(&c);
                 return Ok(c);
             }
         }
@@ -1698,18 +1790,37 @@ impl Copier<'_> {
         let mut meta_enc = self.encoder();
         let mut pending: Vec<u8> = Vec::with_capacity(2 * bs);
         let mut asking = Pending::default();
-        let mut put = |block: &[u8], builder: &mut ChunkListBuilder, enc: &mut BlobEncoder| {
-            if block == &zero[..] {
+        self.image_rechunked.store(true, Ordering::Relaxed);
+        // The parent copy's list, read along (one that cannot be read makes
+        // every block count as changed, as in a backup).
+        let mut parent = crate::lock(&self.image_parent)
+            .clone()
+            .and_then(|(g, c)| crate::tree::fixed::FixedList::new(self.dst, g, c).ok());
+        let mut block = 0u64;
+        let mut put = |data: &[u8], builder: &mut ChunkListBuilder, enc: &mut BlobEncoder| {
+            if data == &zero[..] {
                 self.image_zero_blocks.fetch_add(1, Ordering::Relaxed);
             }
-            let id = self.put_data(enc, &mut asking, block)?;
+            let id = self.put_data(enc, &mut asking, data)?;
+            let same = match parent.as_mut().map(|p| p.entry(0, block)) {
+                Some(Ok(e)) => e.is_some_and(|e| e.id == id),
+                Some(Err(_)) => {
+                    parent = None;
+                    false
+                }
+                None => false,
+            };
+            if !same {
+                self.image_changed_blocks.fetch_add(1, Ordering::Relaxed);
+            }
+            block += 1;
             let mut emit = |cl: ChunkList| -> Result<BlobId> {
                 self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
             };
             builder.push(
                 ChunkRef {
                     id,
-                    length: block.len() as u64,
+                    length: data.len() as u64,
                 },
                 &mut emit,
             )

@@ -45,6 +45,12 @@ pub struct Point {
 /// operation.
 pub const POINTS: &[Point] = &[
     Point {
+        name: "image-fs:verify",
+        state: "`restore --image-fs --verify` has written a file's content and is \
+                about to read it back; its mode and times are not set yet, and its \
+                unfinished-restore mark is still there",
+    },
+    Point {
         name: "restore:inode-flags",
         state: "a restore has written every entry and its metadata and is setting \
                 the inode flags (chattr) of those that have some, one at a time: some \

@@ -143,10 +143,13 @@ pub fn restore(
         fs.restore(
             path,
             target,
-            overwrite,
-            write_limit,
-            xattrs,
-            args.verbose.then(|| session.progress()),
+            &cairn_core::ops::image::fs::FsRestoreOptions {
+                overwrite,
+                write_limit,
+                xattrs,
+                list: args.verbose.then(|| session.progress()),
+                verify: args.verify,
+            },
         )
         .with_context(|| format!("restoring {path} from the image")),
     )?;
@@ -205,6 +208,23 @@ pub fn restore(
                 ui::count(r.kept, "existing entry"),
                 if r.kept == 1 { "it was" } else { "they were" },
                 args.overwrite
+            );
+        }
+        if let Some(v) = r.verified {
+            // Mismatches are among the failures (listed above).
+            let bad = r
+                .failed
+                .iter()
+                .filter(|f| f.error.contains(": verify: "))
+                .count();
+            println!(
+                "verified {} against the image (read back, or compared before they \
+                 were left in place): {}",
+                ui::count(v, "file"),
+                match bad {
+                    0 => "all match".to_string(),
+                    n => format!("{} (listed above)", ui::count(n as u64, "problem")),
+                }
             );
         }
     }

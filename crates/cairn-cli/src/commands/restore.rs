@@ -39,12 +39,11 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply",
         ));
     }
-    // Refused rather than ignored (QA: --verify checked nothing and said nothing;
-    // --dry-run would have written).
-    if a.image_fs.image_fs.is_some() && (a.verify || a.dry_run) {
+    // Refused rather than ignored (QA: --dry-run would have written).
+    if a.image_fs.image_fs.is_some() && a.dry_run {
         return Err(super::bad_argument(
-            "--verify and --dry-run are not available with --image-fs (`ls --image-fs` shows \
-             what it would restore; `restore --image --verify` checks the whole image)",
+            "--dry-run is not available with --image-fs (`ls --image-fs` shows what it \
+             would restore; restore into an empty directory and compare to see the changes)",
         ));
     }
     // clap's `requires` lets --zeroed through beside --image-fs (it conflicts

@@ -2039,6 +2039,118 @@ fn image_fs_reads_preallocated_blocks_as_zeros_and_bigalloc() {
     assert_eq!(fs::read(out.join("root/small")).unwrap(), b"small\n");
 }
 
+/// `restore --image-fs --verify` reads back every file it writes and compares
+/// it with the image (it was refused, QA r37), counts and says so, and names a
+/// file that differs (changed between its write and its read-back); under
+/// `if-changed` a file of the image's size and time is kept only when its bytes
+/// are the image's too.
+#[test]
+fn image_fs_restore_verify_reads_back_and_compares() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d")).unwrap();
+    let big = Rng(31).bytes(300_000, false);
+    fs::write(tree.join("d/big"), &big).unwrap();
+    fs::write(tree.join("d/small"), b"small\n").unwrap();
+    fs::write(tree.join("top"), b"top\n").unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &[]);
+    let out = env.path("out");
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", &snap, "--image-fs", "/d", "--verify", "--target"];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        env.run(&args)
+    };
+    let o = restore(&[]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        text.contains("verified 2 files against the image"),
+        "{text}"
+    );
+    assert!(text.contains("all match"), "{text}");
+    assert!(fs::read(out.join("d/big")).unwrap() == big);
+    // A same-size, same-time change: kept without --verify, written again with.
+    let f = out.join("d/big");
+    let before = fs::metadata(&f).unwrap();
+    let mut changed = big.clone();
+    changed[1000] ^= 1;
+    fs::write(&f, &changed).unwrap();
+    let set = |p: &Path, m: &fs::Metadata| {
+        let t = fs::FileTimes::new().set_modified(m.modified().unwrap());
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_times(t)
+            .unwrap();
+    };
+    set(&f, &before);
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/d",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert!(fs::read(&f).unwrap() == changed, "kept by size and time");
+    let o = restore(&["--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["verified"], 2, "{j}");
+    assert_eq!(j["files"], 1, "{j}");
+    assert_eq!(j["kept"], 2, "the directory and the small file: {j}");
+    assert!(fs::read(&f).unwrap() == big, "written again");
+    // Changed between its write and its read-back: named, exit 1.
+    fs::remove_dir_all(&out).unwrap();
+    let pause = env.path("pause");
+    fs::create_dir_all(&pause).unwrap();
+    let mut args = vec!["restore", &snap, "--image-fs", "/d", "--verify", "--target"];
+    args.push(out.to_str().unwrap());
+    let child = env
+        .cmd(&args)
+        .env(
+            "CAIRN_TEST_PAUSE_AT",
+            format!("image-fs:verify:1:{}", pause.display()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the restore to write its first file",
+        Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    let written: Vec<PathBuf> = ["d/big", "d/small"]
+        .iter()
+        .map(|n| out.join(n))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let mut bytes = fs::read(&written[0]).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&written[0], &bytes).unwrap();
+    fs::write(pause.join("go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}: verify: the file read back differs from the image",
+            written[0].display()
+        )),
+        "{err}"
+    );
+    assert!(
+        text.contains("verified 1 file against the image") && text.contains("1 problem"),
+        "{text}"
+    );
+}
+
 /// `restore --image-fs -v` lists each entry as a restore of a file snapshot
 /// does (it was refused): restored the first time, unchanged when run again,
 /// updated once a file was changed in the target; an image restore with -v is
@@ -2491,7 +2603,6 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     let fs_restore: &[&str] = &["restore", &snap, "--image-fs", "/z", "--target", o];
     let image_restore: &[&str] = &["restore", &snap, "--image", "--target", x.to_str().unwrap()];
     for (args, flag, says) in [
-        (&fs_restore, "--verify", "not available with --image-fs"),
         (&fs_restore, "--dry-run", "not available with --image-fs"),
         (&fs_restore, "--delete", "do not apply"),
         (

@@ -93,6 +93,20 @@ impl Ext4Read for ViewBytes {
     }
 }
 
+/// How `restore --image-fs` treats the target ([`ImageFs::restore`]).
+pub struct FsRestoreOptions<'a> {
+    /// What is done with an entry the target holds already.
+    pub overwrite: crate::ops::restore::Overwrite,
+    /// Bytes per second written at most.
+    pub write_limit: Option<u64>,
+    /// Which extended attributes are set.
+    pub xattrs: &'a crate::ops::restore::XattrSelect,
+    /// Where each entry's outcome is sent as a `File` event (`restore -v`).
+    pub list: Option<&'a crate::progress::Progress>,
+    /// Read back each file written, and compare the bytes of one kept.
+    pub verify: bool,
+}
+
 /// What `restore --image-fs` wrote.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct FsRestoreReport {
@@ -124,6 +138,10 @@ pub struct FsRestoreReport {
     /// Worth knowing, nothing missing (hard-linked files with names outside the
     /// path restored, a hard link restored as a copy), one line each.
     pub notes: Vec<String>,
+    /// `--verify`: files read back after they were written, and files left in
+    /// place (`if-changed`) whose bytes were compared, that match the image.
+    /// `None` without `--verify`.
+    pub verified: Option<u64>,
 }
 
 /// An entry `restore --image-fs` could not restore in full: where it was to be
@@ -900,18 +918,21 @@ impl ImageFs {
     /// a restore running as root elsewhere. An existing entry is treated as
     /// `overwrite` says (as a restore of a file snapshot does; `if-changed`
     /// compares size and modification time), and an existing directory is
-    /// restored into. `write_limit`: bytes per second written at most. `list`:
-    /// each entry's outcome is sent there as a `File` event (`restore -v`).
+    /// restored into. See [`FsRestoreOptions`] for the rest.
     pub fn restore(
         &self,
         path: &str,
         target: &Path,
-        overwrite: crate::ops::restore::Overwrite,
-        write_limit: Option<u64>,
-        xattrs: &crate::ops::restore::XattrSelect,
-        list: Option<&crate::progress::Progress>,
+        opts: &FsRestoreOptions<'_>,
     ) -> Result<FsRestoreReport> {
         use std::os::unix::fs::OpenOptionsExt;
+        let &FsRestoreOptions {
+            overwrite,
+            write_limit,
+            xattrs,
+            list,
+            verify,
+        } = opts;
         let limit = write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
@@ -979,6 +1000,7 @@ impl ImageFs {
             as_root: nix::unistd::geteuid().is_root(),
             report: FsRestoreReport {
                 notes,
+                verified: verify.then_some(0),
                 ..Default::default()
             },
             ext2: ext2.as_ref(),
@@ -1371,10 +1393,26 @@ impl ImageFs {
                         && (kind == libc::S_IFLNK || st.mode & 0o7777 == mode as u32)
                         && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
                         && Self::xattrs_kept(r, inode.as_ref(), dir, &cname)
+                        // With `--verify`, a file is kept only when its bytes are
+                        // the image's too (as a restore of files compares them).
+                        && (!r.verifies() || kind != libc::S_IFREG || {
+                            let own = r.ext2.zip(inode.as_ref()).filter(|(_, i)| {
+                                i.size == meta.len() && i.mode() & 0o7777 == meta.mode()
+                            });
+                            // One that cannot be read is written again.
+                            self.holds_the_image_file(path, own, dir, &cname, st, shown)
+                                .unwrap_or(false)
+                        })
                 }
             };
             if keep {
                 r.report.kept += 1;
+                if r.verifies()
+                    && kind == libc::S_IFREG
+                    && r.overwrite_for(st) == Overwrite::IfChanged
+                {
+                    r.report.verified = r.report.verified.map(|v| v + 1);
+                }
                 r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
                 // The file kept is what the file's other names are linked to
                 // (QA: a name that was a copy stayed one, and the restore then
@@ -1448,6 +1486,25 @@ impl ImageFs {
         let f = w.finish().map_err(io)?;
         r.unfinished -= 1;
         r.report.files += 1;
+        // Read back before its mode is set (one the owner cannot read would
+        // refuse it), through a descriptor of its own checked to be this file.
+        if r.verifies() && !zeros {
+            crate::hooks::point("image-fs:verify");
+            let st = sys::fstat(f.as_fd()).map_err(io)?;
+            match self.holds_the_image_file(path, own, dir, &cname, &st, shown) {
+                Ok(true) => r.report.verified = r.report.verified.map(|v| v + 1),
+                Ok(false) => r.report.fail(
+                    shown,
+                    format!(
+                        "{}: verify: the file read back differs from the image",
+                        shown.display()
+                    ),
+                ),
+                Err(e) => r
+                    .report
+                    .fail(shown, format!("{}: verify: {e}", shown.display())),
+            }
+        }
         r.made(existing.is_some(), shown, meta.len());
         if r.as_root {
             sys::chown_fd(f.as_fd(), meta.uid(), meta.gid()).map_err(io)?;
@@ -1481,6 +1538,31 @@ impl ImageFs {
             self.first_link(n, i, dir_fd, cname, id, shown, r);
         }
         Ok(())
+    }
+
+    /// Whether the regular file `name` of `dir` (`st`: what `stat` said of it)
+    /// holds the bytes of the image's file at `path`, read again from the image
+    /// and compared as they come (memory does not grow with the file).
+    fn holds_the_image_file(
+        &self,
+        path: &str,
+        own: Option<(&super::blockmap::Ext2<'_>, &super::blockmap::Inode)>,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        st: &crate::ops::restore::sys::Stat,
+        shown: &Path,
+    ) -> Result<bool> {
+        let file = crate::ops::restore::target::reopen_file(dir, name, libc::O_RDONLY, st)
+            .map_err(|e| Error::io(shown, e))?;
+        let mut cmp = Compare {
+            file,
+            at: 0,
+            buf: Vec::new(),
+            differs: false,
+        };
+        self.dump_to(path, own, &mut cmp, shown)?;
+        let len = cmp.file.metadata().map_err(|e| Error::io(shown, e))?.len();
+        Ok(!cmp.differs && len == cmp.at)
     }
 
     /// Records the entry `name` of `dir` (device and inode `id`) as the first
@@ -1742,6 +1824,11 @@ struct FsRestore<'a> {
 }
 
 impl FsRestore<'_> {
+    /// `--verify`: files written are read back, files kept compared.
+    fn verifies(&self) -> bool {
+        self.report.verified.is_some()
+    }
+
     /// Says what was done with the entry `shown` (`restore -v`).
     fn listed(&self, action: crate::progress::FileAction, shown: &Path, size: u64) {
         if let Some(p) = self.list {
@@ -1837,6 +1924,36 @@ struct Sparse<'a> {
 }
 
 const SPARSE_BLOCK: usize = 4096;
+
+/// A writer that compares what it is given with a file's bytes at the same
+/// place (`--verify`): nothing is written.
+struct Compare {
+    file: std::fs::File,
+    /// The file offset of the next bytes given.
+    at: u64,
+    buf: Vec<u8>,
+    differs: bool,
+}
+
+impl Write for Compare {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if !self.differs {
+            self.buf.resize(data.len(), 0);
+            match self.file.read_exact_at(&mut self.buf, self.at) {
+                Ok(()) => self.differs = self.buf != data,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => self.differs = true,
+                Err(e) => return Err(e),
+            }
+        }
+        self.at += data.len() as u64;
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 impl Sparse<'_> {
     fn put_block(&mut self) -> std::io::Result<()> {

@@ -149,6 +149,7 @@ pub fn restore(
                 xattrs,
                 list: args.verbose.then(|| session.progress()),
                 verify: args.verify,
+                dry_run: args.dry_run,
             },
         )
         .with_context(|| format!("restoring {path} from the image")),
@@ -173,6 +174,7 @@ pub fn restore(
             m.insert("target".into(), target.to_string_lossy().into());
             m.insert("overwrite".into(), serde_json::to_value(overwrite)?);
             m.insert("duration_secs".into(), start.elapsed().as_secs_f64().into());
+            m.insert("dry_run".into(), args.dry_run.into());
             m.insert(
                 "unreadable_at_backup".into(),
                 serde_json::to_value(fs.read_unreadable().unwrap_or(&[]))?,
@@ -180,31 +182,42 @@ pub fn restore(
         }
         super::print_json_report(&j)?;
     } else if !g.quiet {
+        let dry = args.dry_run;
         println!(
-            "restored {path} from the image's filesystem to {}: {}, {}, {}, {}, {} in {:.2}s{}",
+            "{} {path} from the image's filesystem to {}: {}, {}, {}, {}, {}{}{}",
+            if dry { "would restore" } else { "restored" },
             target.display(),
             ui::count(r.files, "file"),
             ui::count(r.dirs, "directory"),
             ui::count(r.symlinks, "symlink"),
             ui::count(r.specials, "special file"),
             ui::bytes(r.bytes),
-            start.elapsed().as_secs_f64(),
-            if r.skipped > 0 {
-                format!(" ({} not restored)", ui::count(r.skipped, "socket"))
-            } else {
+            if dry {
                 String::new()
+            } else {
+                format!(" in {:.2}s", start.elapsed().as_secs_f64())
+            },
+            match (r.skipped, dry) {
+                (0, _) => String::new(),
+                (n, false) => format!(" ({} not restored)", ui::count(n, "socket")),
+                (n, true) => format!(" ({} would not be restored)", ui::count(n, "socket")),
             }
         );
-        if r.hardlinks > 0 || r.xattrs > 0 {
-            println!(
-                "with {} and {}",
-                ui::count(r.hardlinks, "hard link"),
-                ui::count(r.xattrs, "extended attribute")
-            );
+        if r.hardlinks > 0 || (r.xattrs > 0 && !dry) {
+            if dry {
+                println!("with {}", ui::count(r.hardlinks, "hard link"));
+            } else {
+                println!(
+                    "with {} and {}",
+                    ui::count(r.hardlinks, "hard link"),
+                    ui::count(r.xattrs, "extended attribute")
+                );
+            }
         }
         if r.kept > 0 {
             println!(
-                "left {} in the target as {} (--overwrite {})",
+                "{} {} in the target as {} (--overwrite {})",
+                if dry { "would leave" } else { "left" },
                 ui::count(r.kept, "existing entry"),
                 if r.kept == 1 { "it was" } else { "they were" },
                 args.overwrite
@@ -233,8 +246,18 @@ pub fn restore(
             &fs,
             path,
             Err(anyhow::anyhow!(
-                "{} could not be restored (listed above; the rest was restored)",
-                ui::count(r.failed.len() as u64, "entry")
+                "{} {} (listed above; the rest {})",
+                ui::count(r.failed.len() as u64, "entry"),
+                if args.dry_run {
+                    "would not be restored"
+                } else {
+                    "could not be restored"
+                },
+                if args.dry_run {
+                    "would be restored"
+                } else {
+                    "was restored"
+                }
             )),
         );
     }

@@ -39,13 +39,6 @@ pub fn run(g: &Global, a: &RestoreArgs) -> Result<i32> {
             "--image-fs restores the path it names: --include, --exclude and --delete do not apply",
         ));
     }
-    // Refused rather than ignored (QA: --dry-run would have written).
-    if a.image_fs.image_fs.is_some() && a.dry_run {
-        return Err(super::bad_argument(
-            "--dry-run is not available with --image-fs (`ls --image-fs` shows what it \
-             would restore; restore into an empty directory and compare to see the changes)",
-        ));
-    }
     // clap's `requires` lets --zeroed through beside --image-fs (it conflicts
     // with --image): refused here rather than ignored.
     if a.zeroed && !a.image {

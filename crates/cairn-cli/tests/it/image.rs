@@ -2151,6 +2151,142 @@ fn image_fs_restore_verify_reads_back_and_compares() {
     );
 }
 
+/// `restore --image-fs --dry-run` (it was refused, QA r37) writes nothing, into
+/// a target that is not there or one that holds an earlier restore, and says
+/// what the restore then does: the same counts, entry by entry.
+#[test]
+fn image_fs_restore_dry_run_counts_what_the_restore_does_and_writes_nothing() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d/sub")).unwrap();
+    fs::write(tree.join("d/big"), Rng(41).bytes(200_000, false)).unwrap();
+    fs::write(tree.join("d/small"), b"small\n").unwrap();
+    fs::write(tree.join("d/sub/f"), b"linked\n").unwrap();
+    fs::hard_link(tree.join("d/sub/f"), tree.join("d/g")).unwrap();
+    std::os::unix::fs::symlink("sub/f", tree.join("d/s")).unwrap();
+    sh(Command::new("mkfifo").arg(tree.join("d/p")));
+    let snap = ext4_image_snapshot(&env, &tree, &[]);
+    let out = env.path("out");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["restore", &snap, "--image-fs", "/d", "--json", "--target"];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        serde_json::from_str(&env.ok(&args)).unwrap()
+    };
+    let counts = |j: &serde_json::Value| -> Vec<u64> {
+        [
+            "files",
+            "dirs",
+            "symlinks",
+            "specials",
+            "hardlinks",
+            "kept",
+            "bytes",
+        ]
+        .iter()
+        .map(|k| j[k].as_u64().unwrap_or_else(|| panic!("{k}: {j}")))
+        .collect()
+    };
+    let state = |root: &Path| -> Vec<(PathBuf, u32, i64, i64, Vec<u8>)> {
+        walk(root)
+            .into_iter()
+            .map(|(p, m)| {
+                let body = if m.is_file() {
+                    fs::read(root.join(&p)).unwrap()
+                } else {
+                    Vec::new()
+                };
+                (p, m.mode(), m.mtime(), m.mtime_nsec(), body)
+            })
+            .collect()
+    };
+    // Nothing there yet: nothing made.
+    let dry = run(&["--dry-run"]);
+    assert!(!out.exists(), "the target was created");
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    let real = run(&[]);
+    assert_eq!(counts(&dry), counts(&real), "{dry} {real}");
+    assert_eq!(
+        counts(&real),
+        [4 - 1, 2, 1, 1, 1, 0, 200_000 + 6 + 7],
+        "{real}"
+    );
+    // Over that restore, changed: one file rewritten, one removed, one's mode.
+    fs::write(out.join("d/small"), b"SMALL\n").unwrap();
+    fs::remove_file(out.join("d/big")).unwrap();
+    fs::set_permissions(
+        out.join("d/sub/f"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let before = state(&out);
+    for mode in ["if-changed", "always", "never", "if-newer"] {
+        let dry = run(&["--dry-run", "--overwrite", mode]);
+        assert_eq!(
+            state(&out),
+            before,
+            "--overwrite {mode}: the dry run changed the target"
+        );
+        // What the dry run says, the restore does (on a copy, so that each mode
+        // starts from the same target).
+        let copy = env.path(&format!("copy-{mode}"));
+        sh(Command::new("cp").arg("-a").arg(&out).arg(&copy));
+        let mut args = vec![
+            "restore",
+            &snap,
+            "--image-fs",
+            "/d",
+            "--json",
+            "--overwrite",
+            mode,
+            "--target",
+        ];
+        args.push(copy.to_str().unwrap());
+        let real: serde_json::Value = serde_json::from_str(&env.ok(&args)).unwrap();
+        assert_eq!(
+            counts(&dry),
+            counts(&real),
+            "--overwrite {mode}: {dry} {real}"
+        );
+    }
+    let dry = run(&["--dry-run"]);
+    // small and sub/f (and g, its other name, linked to it), big, and d's own
+    // times (its entries changed); sub, s and p kept.
+    assert_eq!(counts(&dry)[..6], [3, 1, 0, 0, 1, 3], "{dry}");
+    // Text: said as what would be done.
+    let text = env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/d",
+        "--dry-run",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("would restore /d from the image's filesystem"),
+        "{text}"
+    );
+    assert!(text.contains("would leave 3 existing entries"), "{text}");
+    // A target that is a symlink is refused as the restore refuses it.
+    let link = env.path("link");
+    std::os::unix::fs::symlink(&out, &link).unwrap();
+    env.fails(
+        &[
+            "restore",
+            &snap,
+            "--image-fs",
+            "/d",
+            "--dry-run",
+            "--target",
+            link.to_str().unwrap(),
+        ],
+        1,
+    );
+    assert_eq!(state(&out), before);
+}
+
 /// `restore --image-fs -v` lists each entry as a restore of a file snapshot
 /// does (it was refused): restored the first time, unchanged when run again,
 /// updated once a file was changed in the target; an image restore with -v is
@@ -2603,7 +2739,6 @@ fn image_fs_walks_name_directory_loops_and_go_past_a_bad_directory() {
     let fs_restore: &[&str] = &["restore", &snap, "--image-fs", "/z", "--target", o];
     let image_restore: &[&str] = &["restore", &snap, "--image", "--target", x.to_str().unwrap()];
     for (args, flag, says) in [
-        (&fs_restore, "--dry-run", "not available with --image-fs"),
         (&fs_restore, "--delete", "do not apply"),
         (
             &image_restore,

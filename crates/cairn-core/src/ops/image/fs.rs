@@ -105,6 +105,8 @@ pub struct FsRestoreOptions<'a> {
     pub list: Option<&'a crate::progress::Progress>,
     /// Read back each file written, and compare the bytes of one kept.
     pub verify: bool,
+    /// Write nothing: count and list what the restore would do.
+    pub dry_run: bool,
 }
 
 /// What `restore --image-fs` wrote.
@@ -932,7 +934,11 @@ impl ImageFs {
             xattrs,
             list,
             verify,
+            dry_run,
         } = opts;
+        if dry_run {
+            return self.plan_restore(path, target, opts);
+        }
         let limit = write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
@@ -1009,6 +1015,7 @@ impl ImageFs {
             guard: DirGuard::new(self.inodes_count()),
             list,
             fresh: false,
+            planned: Default::default(),
         };
         if ext2.is_none() {
             r.report.warnings.push(format!(
@@ -1055,6 +1062,299 @@ impl ImageFs {
             ));
         }
         Ok(r.report)
+    }
+
+    /// `restore --dry-run`: what [`Self::restore`] would do with `path` and the
+    /// target as it is, counted and listed (`-v`) as the restore counts and
+    /// lists it, with the same decisions for what the target holds. Nothing is
+    /// created, changed or locked: the target and its directories are only
+    /// opened to be read, and a directory the restore would make is walked as
+    /// empty.
+    fn plan_restore(
+        &self,
+        path: &str,
+        target: &Path,
+        opts: &FsRestoreOptions<'_>,
+    ) -> Result<FsRestoreReport> {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.resolve(path, false)?;
+        crate::ops::restore::refuse_target_in_repository(&self.bytes.repo, target)?;
+        // The target itself, if there: a directory, not reached through a
+        // final symlink (as the restore refuses it).
+        let root = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(target)
+        {
+            Ok(f) => Some(std::os::fd::OwnedFd::from(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(target, e)),
+        };
+        let unfinished_since = root
+            .as_ref()
+            .and_then(|r| crate::ops::restore::unfinished::since(r.as_fd()));
+        let notes = (unfinished_since.iter())
+            .map(|&t| crate::ops::restore::unfinished::notice(target, t))
+            .collect();
+        let name = path
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+            .unwrap_or("root");
+        let (ext2, why_not) = match self.own() {
+            Ok(Some(fs)) => (Some(fs), String::new()),
+            Ok(None) => (
+                None,
+                "cairn's reader does not read this filesystem".to_string(),
+            ),
+            Err(e) => (None, e),
+        };
+        let top = match &ext2 {
+            Some(fs) => fs.lookup(&raw(&path)).map_err(|e| fs_err(&path, e))?,
+            None => None,
+        };
+        let mut r = FsRestore {
+            limit: None,
+            overwrite: opts.overwrite,
+            unfinished_since,
+            unfinished: 0,
+            xattrs: opts.xattrs,
+            as_root: nix::unistd::geteuid().is_root(),
+            report: FsRestoreReport {
+                notes,
+                verified: None,
+                ..Default::default()
+            },
+            ext2: ext2.as_ref(),
+            why_not,
+            links: std::collections::HashMap::new(),
+            guard: DirGuard::new(self.inodes_count()),
+            list: opts.list,
+            fresh: false,
+            planned: Default::default(),
+        };
+        if ext2.is_none() {
+            r.report.warnings.push(format!(
+                "hard links and extended attributes would not be restored: {}",
+                r.why_not
+            ));
+        }
+        self.plan_one(
+            &path,
+            root.as_ref().map(|f| f.as_fd()),
+            &raw(name),
+            &target.join(std::ffi::OsStr::from_bytes(&raw(name))),
+            top.map(|(n, _)| n),
+            None,
+            &mut r,
+        )?;
+        Ok(r.report)
+    }
+
+    /// [`Self::restore_one`] for `--dry-run`: the entry `name` of `dir` (none:
+    /// a directory the restore would make, empty) is looked at, never written.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_one(
+        &self,
+        path: &str,
+        dir: Option<std::os::fd::BorrowedFd<'_>>,
+        name: &[u8],
+        shown: &Path,
+        ino: Option<u32>,
+        known: Option<ext4_view::Metadata>,
+        r: &mut FsRestore<'_>,
+    ) -> Result<()> {
+        use crate::ops::restore::{Overwrite, sys, target};
+        use std::os::fd::AsFd;
+        let io = |e: std::io::Error| Error::io(shown, e);
+        let inode = match (r.ext2, ino) {
+            (Some(fs), Some(n)) => Some(fs.inode(n).map_err(|e| fs_err(path, e))?),
+            _ => None,
+        };
+        let meta = match known {
+            Some(m) => m,
+            None => self
+                .fs
+                .symlink_metadata(Self::path(path)?.as_path())
+                .map_err(|e| fs_err(path, e))?,
+        };
+        let ft = meta.file_type();
+        let m = meta.modified();
+        let cname = target::c_name(name).map_err(io)?;
+        let existing = match dir {
+            None => None,
+            Some(d) => match sys::stat_at(d, &cname) {
+                Ok(st) => Some(st),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) => return Err(io(e)),
+            },
+        };
+        if ft.is_dir() {
+            r.guard.enter(path, ino)?;
+            let sub = match (&existing, dir) {
+                (Some(st), Some(d)) if st.kind() == libc::S_IFDIR => {
+                    if r.overwrite_for(st) == Overwrite::Never || r.dir_as_image(st, &meta) {
+                        r.report.kept += 1;
+                        r.listed(crate::progress::FileAction::Unchanged, shown, 0);
+                    } else {
+                        r.report.dirs += 1;
+                        r.made(true, shown, 0);
+                    }
+                    Some(
+                        sys::open_at(
+                            d,
+                            &cname,
+                            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                            0,
+                        )
+                        .map_err(io)?,
+                    )
+                }
+                (Some(st), _) if r.keeps_in_place_of_dir(st, m) => {
+                    r.report.kept += 1;
+                    r.listed(crate::progress::FileAction::Unchanged, shown, 0);
+                    r.report.kept_in_place_of_dirs.push(format!(
+                        "{}: would be kept as it is (--overwrite): it is not a directory, \
+                         where the image has one, so nothing below it would be restored",
+                        shown.display()
+                    ));
+                    return Ok(());
+                }
+                (e, _) => {
+                    r.report.dirs += 1;
+                    r.made(e.is_some(), shown, 0);
+                    None
+                }
+            };
+            let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
+                (Some(fs), Some(d)) => fs
+                    .entries(d)
+                    .map(|e| e.into_iter().collect())
+                    .unwrap_or_default(),
+                _ => Default::default(),
+            };
+            let children = self.children(path, r.ext2.zip(inode.as_ref()))?;
+            let repeated = repeated_names(&children, &mut inos);
+            for c in children {
+                self.check_cancelled()?;
+                let child_shown = shown.join(std::ffi::OsStr::from_bytes(&c.raw));
+                let meta = match c.meta {
+                    Ok(_) if repeated.contains(&c.raw) => Err(Error::Invalid(format!(
+                        "{}: corrupt filesystem: the directory holds this name more than \
+                         once; which entry is meant cannot be told, so none would be restored",
+                        c.path
+                    ))),
+                    m => m,
+                };
+                let done = meta.and_then(|m| {
+                    self.plan_one(
+                        &c.path,
+                        sub.as_ref().map(|f| f.as_fd()),
+                        &c.raw,
+                        &child_shown,
+                        inos.get(&c.raw).copied(),
+                        Some(m),
+                        r,
+                    )
+                });
+                match done {
+                    Err(Error::Cancelled) => return Err(Error::Cancelled),
+                    Err(e) => r.report.fail(&child_shown, e.to_string()),
+                    Ok(()) => {}
+                }
+            }
+            return Ok(());
+        }
+        let device = ft.is_char_dev() || ft.is_block_dev();
+        if device && !r.as_root {
+            return Err(Error::Invalid(format!(
+                "{}: a device file is made only by root: it would not be restored",
+                shown.display()
+            )));
+        }
+        if device && inode.is_none() {
+            return Err(Error::Invalid(format!(
+                "{}: a device whose number cannot be read: it would not be restored",
+                shown.display()
+            )));
+        }
+        if !(ft.is_regular_file() || ft.is_symlink() || ft.is_fifo() || device) {
+            r.report.skipped += 1;
+            return Ok(());
+        }
+        let kind = if ft.is_fifo() {
+            libc::S_IFIFO
+        } else if ft.is_char_dev() {
+            libc::S_IFCHR
+        } else if ft.is_block_dev() {
+            libc::S_IFBLK
+        } else if ft.is_symlink() {
+            libc::S_IFLNK
+        } else {
+            libc::S_IFREG
+        };
+        let linked = match (ino, &inode) {
+            (Some(n), Some(i)) if kind == libc::S_IFREG && i.links > 1 => Some(n),
+            _ => None,
+        };
+        // Another name of a file whose first name was met: a link to it.
+        if let Some(first) = linked.and_then(|n| r.planned.get(&n).copied()) {
+            let keep = existing
+                .as_ref()
+                .map(|st| first.is_some_and(|id| st.id() == id) || r.keeps_in_place_of_dir(st, m));
+            match (keep, &existing) {
+                (Some(true), _) => {
+                    r.report.kept += 1;
+                    r.listed(crate::progress::FileAction::Unchanged, shown, 0);
+                }
+                (_, Some(st)) if st.kind() == libc::S_IFDIR => {
+                    return Err(Error::Invalid(format!(
+                        "{}: a directory is where the image holds a file; it would not be \
+                         replaced",
+                        shown.display()
+                    )));
+                }
+                _ => {
+                    r.report.hardlinks += 1;
+                    list_made(r.list, existing.is_some(), shown, 0);
+                }
+            }
+            return Ok(());
+        }
+        if let (Some(st), Some(d)) = (&existing, dir) {
+            if self.keeps(r, st, kind, &meta, inode.as_ref(), d, &cname, path, shown) {
+                r.report.kept += 1;
+                r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
+                if let Some(n) = linked
+                    && st.kind() == kind
+                {
+                    r.planned.insert(n, Some(st.id()));
+                }
+                return Ok(());
+            }
+            if st.kind() == libc::S_IFDIR {
+                return Err(Error::Invalid(format!(
+                    "{}: a directory is where the image holds a {}; it would not be replaced",
+                    shown.display(),
+                    if ft.is_symlink() { "symlink" } else { "file" }
+                )));
+            }
+        }
+        if let Some(n) = linked {
+            r.planned.insert(n, None);
+        }
+        match kind {
+            libc::S_IFLNK => r.report.symlinks += 1,
+            libc::S_IFREG => {
+                r.report.files += 1;
+                r.report.bytes += meta.len();
+            }
+            _ => r.report.specials += 1,
+        }
+        let size = if kind == libc::S_IFREG { meta.len() } else { 0 };
+        r.made(existing.is_some(), shown, size);
+        Ok(())
     }
 
     /// Does the entry `name` of `dir` hold the extended attributes image inode
@@ -1204,13 +1504,7 @@ impl ImageFs {
                 // Something else where the image has a directory: replaced
                 // unless the mode keeps it, and then nothing below is restored
                 // either, which is said (as a restore of a file snapshot does).
-                Some(st)
-                    if match r.overwrite_for(st) {
-                        Overwrite::Never => true,
-                        Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
-                        Overwrite::IfChanged | Overwrite::Always => false,
-                    } =>
-                {
+                Some(st) if r.keeps_in_place_of_dir(st, m) => {
                     r.report.kept += 1;
                     r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                     r.report.kept_in_place_of_dirs.push(format!(
@@ -1236,13 +1530,7 @@ impl ImageFs {
             match &existing {
                 // Kept, or already as the image has it (its entries' changes
                 // are listed with them).
-                Some(st)
-                    if keep_meta
-                        || st.kind() == libc::S_IFDIR
-                            && st.mtime == times
-                            && st.mode & 0o7777 == mode as u32
-                            && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid())) =>
-                {
+                Some(st) if keep_meta || r.dir_as_image(st, &meta) => {
                     r.report.kept += 1;
                     r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                 }
@@ -1380,31 +1668,7 @@ impl ImageFs {
         }
         if let Some(st) = &existing {
             let same_kind = st.kind() == kind;
-            let keep = match r.overwrite_for(st) {
-                Overwrite::Never => true,
-                Overwrite::Always => false,
-                Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
-                // The image's entry already, metadata and all (QA: a file whose
-                // mode, owner or attributes had changed was kept as it was).
-                Overwrite::IfChanged => {
-                    same_kind
-                        && st.size == meta.len()
-                        && st.mtime == (m.seconds(), m.nanoseconds())
-                        && (kind == libc::S_IFLNK || st.mode & 0o7777 == mode as u32)
-                        && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
-                        && Self::xattrs_kept(r, inode.as_ref(), dir, &cname)
-                        // With `--verify`, a file is kept only when its bytes are
-                        // the image's too (as a restore of files compares them).
-                        && (!r.verifies() || kind != libc::S_IFREG || {
-                            let own = r.ext2.zip(inode.as_ref()).filter(|(_, i)| {
-                                i.size == meta.len() && i.mode() & 0o7777 == meta.mode()
-                            });
-                            // One that cannot be read is written again.
-                            self.holds_the_image_file(path, own, dir, &cname, st, shown)
-                                .unwrap_or(false)
-                        })
-                }
-            };
+            let keep = self.keeps(r, st, kind, &meta, inode.as_ref(), dir, &cname, path, shown);
             if keep {
                 r.report.kept += 1;
                 if r.verifies()
@@ -1538,6 +1802,53 @@ impl ImageFs {
             self.first_link(n, i, dir_fd, cname, id, shown, r);
         }
         Ok(())
+    }
+
+    /// Whether the existing entry `st` (`name` of `dir`, not a directory where
+    /// the image has one) is left as it is where the image has an entry of
+    /// kind `kind` (`S_IFREG`, `S_IFLNK`...) described by `meta` and `inode`,
+    /// as `--overwrite` says.
+    #[allow(clippy::too_many_arguments)]
+    fn keeps(
+        &self,
+        r: &FsRestore<'_>,
+        st: &crate::ops::restore::sys::Stat,
+        kind: u32,
+        meta: &ext4_view::Metadata,
+        inode: Option<&super::blockmap::Inode>,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        path: &str,
+        shown: &Path,
+    ) -> bool {
+        use crate::ops::restore::Overwrite;
+        let m = meta.modified();
+        let mode = u32::from(meta.mode()) & 0o7777;
+        match r.overwrite_for(st) {
+            Overwrite::Never => true,
+            Overwrite::Always => false,
+            Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+            // The image's entry already, metadata and all (QA: a file whose
+            // mode, owner or attributes had changed was kept as it was).
+            Overwrite::IfChanged => {
+                st.kind() == kind
+                    && st.size == meta.len()
+                    && st.mtime == (m.seconds(), m.nanoseconds())
+                    && (kind == libc::S_IFLNK || st.mode & 0o7777 == mode)
+                    && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
+                    && Self::xattrs_kept(r, inode, dir, name)
+                    // With `--verify`, a file is kept only when its bytes are
+                    // the image's too (as a restore of files compares them).
+                    && (!r.verifies() || kind != libc::S_IFREG || {
+                        let own = r.ext2.zip(inode).filter(|(_, i)| {
+                            i.size == meta.len() && i.mode() & 0o7777 == meta.mode()
+                        });
+                        // One that cannot be read is written again.
+                        self.holds_the_image_file(path, own, dir, name, st, shown)
+                            .unwrap_or(false)
+                    })
+            }
+        }
     }
 
     /// Whether the regular file `name` of `dir` (`st`: what `stat` said of it)
@@ -1821,9 +2132,41 @@ struct FsRestore<'a> {
     /// The entry restored next is in a directory this restore made: nothing
     /// is there to look for (files are created exclusively all the same).
     fresh: bool,
+    /// `--dry-run`: the image inodes of hard-linked files whose first name was
+    /// met, with the target's file kept for it (`None`: it would be written).
+    planned: std::collections::HashMap<u32, Option<(u64, u64)>>,
 }
 
 impl FsRestore<'_> {
+    /// Whether `st`, not a directory, is left where the image has a directory
+    /// (modified at `m`), and nothing is restored below it.
+    fn keeps_in_place_of_dir(
+        &self,
+        st: &crate::ops::restore::sys::Stat,
+        m: ext4_view::Timestamp,
+    ) -> bool {
+        use crate::ops::restore::Overwrite;
+        match self.overwrite_for(st) {
+            Overwrite::Never => true,
+            Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
+            Overwrite::IfChanged | Overwrite::Always => false,
+        }
+    }
+
+    /// Whether the existing entry `st` is already the image's directory
+    /// `meta`, metadata and all (counted as kept then).
+    fn dir_as_image(
+        &self,
+        st: &crate::ops::restore::sys::Stat,
+        meta: &ext4_view::Metadata,
+    ) -> bool {
+        let m = meta.modified();
+        st.kind() == libc::S_IFDIR
+            && st.mtime == (m.seconds(), m.nanoseconds())
+            && st.mode & 0o7777 == u32::from(meta.mode()) & 0o7777
+            && (!self.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
+    }
+
     /// `--verify`: files written are read back, files kept compared.
     fn verifies(&self) -> bool {
         self.report.verified.is_some()

@@ -147,7 +147,9 @@ pub struct App {
 struct Pacers {
     upload: Option<pace::Pacer>,
     download: Option<pace::Pacer>,
-    per_token: std::sync::Mutex<std::collections::HashMap<(String, bool), Arc<pace::Pacer>>>,
+    /// By token: its download and upload pacers (looked up by `&str`: a paced
+    /// transfer asks once per frame, review r39 L3).
+    per_token: std::sync::Mutex<std::collections::HashMap<String, [Option<Arc<pace::Pacer>>; 2]>>,
 }
 
 impl App {
@@ -210,14 +212,19 @@ impl App {
         };
         let mut wait = global.as_ref().map_or(Duration::ZERO, |p| p.reserve(bytes));
         if let Some(rate) = per_token {
-            let p = self
+            let mut all = self
                 .pacers
                 .per_token
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry((token.to_string(), upload))
-                .or_insert_with(|| Arc::new(pace::Pacer::new(rate)))
+                .unwrap_or_else(|e| e.into_inner());
+            let both = match all.get_mut(token) {
+                Some(b) => b,
+                None => all.entry(token.to_string()).or_default(),
+            };
+            let p = both[usize::from(upload)]
+                .get_or_insert_with(|| Arc::new(pace::Pacer::new(rate)))
                 .clone();
+            drop(all);
             wait = wait.max(p.reserve(bytes));
         }
         wait

@@ -1212,6 +1212,70 @@ fn two_servers_share_one_s3_datastore() {
     b.stop();
 }
 
+/// A server that stops taking an upload and says nothing, its connection left
+/// open (a hung server, a link that went dead without a reset): the client
+/// gives the upload up after the silence it allows (30 s with `--retry-for 0`)
+/// and the backup fails saying so, rather than waiting for ever (the upload
+/// client has no read timeout: an upload is watched by what its connection
+/// takes of the body).
+#[test]
+fn an_upload_the_server_stops_taking_is_given_up_after_the_silence() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("data.bin"), Rng(5).bytes(24 << 20, false)).unwrap();
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let token = srv.token("host", "main", "backup");
+    let freezer = Freezer::start(&format!("127.0.0.1:{}", srv.port));
+    let mut cmd = client_cmd(&env, &srv, "main", &token, &[]);
+    let repo = srv
+        .location("main")
+        .replace(&format!(":{}/", srv.port), &format!(":{}/", freezer.port));
+    cmd.args([
+        "--repo",
+        &repo,
+        "--retry-for",
+        "0",
+        "--limit-upload",
+        "2M",
+        "backup",
+    ])
+    .arg(&src)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Frozen once the packs have begun to go.
+    wait_until("the upload to begin", Duration::from_secs(60), || {
+        freezer.up.load(std::sync::atomic::Ordering::Relaxed) > 3 << 20
+    });
+    freezer.freeze();
+    let frozen = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if frozen.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            panic!("the backup still waits 180 s after its server went silent");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = frozen.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        took >= Duration::from_secs(25),
+        "given up after {took:?}: {err}"
+    );
+    assert!(
+        err.contains("the upload made no progress, or the server did not answer it, for 30 s"),
+        "{err}"
+    );
+    drop(srv);
+}
+
 /// A per-token upload limit holds a client to its rate: 6 MiB of incompressible
 /// data at 1 MiB/s (after a one-second burst) cannot take less than about 5 s. Only
 /// a lower bound is asserted: the limit, not the machine's speed, is under test.

@@ -834,6 +834,91 @@ impl Drop for Outage {
     }
 }
 
+/// A TCP forwarder to `target` whose connections, once frozen, move no byte
+/// either way and close nothing: a server, or a link, that stops taking what it
+/// is sent while its connections stay open. Connections opened after
+/// [`Freezer::freeze`] are forwarded as before (so that what fails is the
+/// frozen one, not a new connection's handshake). `up` counts the bytes
+/// forwarded to `target`.
+pub struct Freezer {
+    pub port: u16,
+    /// Connections numbered below this are frozen.
+    frozen_below: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub up: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Freezer {
+    pub fn start(target: &str) -> Freezer {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen_below = Arc::new(AtomicU64::new(0));
+        let opened = Arc::new(AtomicU64::new(0));
+        let up = Arc::new(AtomicU64::new(0));
+        let target = target.to_string();
+        let (f, o, u) = (frozen_below.clone(), opened.clone(), up.clone());
+        // Threads end with the test process.
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(client), Ok(server)) = (client, TcpStream::connect(&target)) else {
+                    continue;
+                };
+                let n = o.fetch_add(1, Ordering::SeqCst);
+                for (mut from, mut to, count) in [
+                    (
+                        client.try_clone().unwrap(),
+                        server.try_clone().unwrap(),
+                        Some(u.clone()),
+                    ),
+                    (server, client, None),
+                ] {
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        let wait = || {
+                            while n < f.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                        };
+                        let mut buf = vec![0u8; 16 << 10];
+                        loop {
+                            wait();
+                            let got = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(got) => got,
+                            };
+                            wait();
+                            if to.write_all(&buf[..got]).is_err() {
+                                break;
+                            }
+                            if let Some(c) = &count {
+                                c.fetch_add(got as u64, Ordering::Relaxed);
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Freezer {
+            port,
+            frozen_below,
+            opened,
+            up,
+        }
+    }
+
+    /// Freezes every connection open now.
+    pub fn freeze(&self) {
+        use std::sync::atomic::Ordering;
+        self.frozen_below
+            .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
 /// Runs `cmd` (its standard error captured), sends it SIGINT after `after`, and
 /// returns its exit code, its standard error, and how long it took to end once
 /// interrupted.

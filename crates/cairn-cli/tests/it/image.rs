@@ -1714,6 +1714,35 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
         .unwrap_or_else(|| panic!("no copy of {fourth}: {all}"));
     assert_eq!(copy["image"]["blocks_changed"], 0, "{}", copy["image"]);
     dst.check_clean();
+    // All four in one run: each is counted against the copy of its parent made
+    // just before it, whose blobs the run's loaded index does not hold (QA r40:
+    // every block changed, for all of them). The first has no parent; the
+    // second is the first grown from 1 MiB (256 blocks of 4K) to 1282 blocks.
+    let dst2 = Env::new();
+    dst2.init(&["--block-size", "4K"]);
+    let o = dst2
+        .cmd(&["copy", "--from", &src_env.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let all: serde_json::Value = serde_json::from_str(&dst2.ok(&["snapshots", "--json"])).unwrap();
+    let changed: Vec<u64> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["image"]["blocks_changed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(changed, [256, 1282 - 256, 3, 0], "{all}");
+    // The fourth is the third's tree again (nothing cut): its zero blocks are
+    // the third's.
+    let zeros: Vec<u64> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["image"]["blocks_zero"].as_u64().unwrap())
+        .collect();
+    assert_eq!(zeros, [0, 256, 256, 256], "{all}");
 }
 
 /// Through `cairn serve` (TLS, a backup token): a full image, then a changed-block

@@ -442,10 +442,8 @@ fn copy_snapshots(
         trees: Mutex::new(IdMap::default()),
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
-        image_parent: Mutex::new(None),
-        image_changed_blocks: AtomicU64::new(0),
-        image_rechunked: Default::default(),
-        image_taken: Mutex::new(None),
+        image_cut: Mutex::default(),
+        last_image: Mutex::new(None),
         dedup: dst.dedup().cloned(),
         deferred: Mutex::new(Default::default()),
         held: Mutex::new(Default::default()),
@@ -729,14 +727,14 @@ struct Copier<'a> {
     image: std::sync::atomic::AtomicBool,
     /// Zero blocks met re-chunking the image (its `blocks_zero` in the copy).
     image_zero_blocks: AtomicU64,
-    /// The destination's copy of the image's parent ([`Self::image_parent_copy`]).
-    image_parent: Mutex<Option<(crate::tree::fixed::Geometry, Content)>>,
-    /// Blocks of the image cut again that differ from `image_parent`'s.
-    image_changed_blocks: AtomicU64,
-    /// Whether the image was cut again (not taken from an earlier copy's).
-    image_rechunked: std::sync::atomic::AtomicBool,
-    /// The image's content here when an earlier copy had cut it already.
-    image_taken: Mutex<Option<Content>>,
+    /// The image snapshot being copied into another block size: what counts
+    /// its blocks changed.
+    image_cut: Mutex<ImageCut>,
+    /// The last image this run copied into another block size: the source
+    /// snapshot (hex), and its content and blocks here. Its blobs are not in the
+    /// destination's loaded index, so a child copied next is counted against
+    /// this (QA r40: every block changed when both went in one run).
+    last_image: Mutex<Option<RunImage>>,
     /// The destination server's dedup service (see [`Repository::start_dedup_queries`]).
     dedup: Option<Arc<DedupClient>>,
     /// Data chunks another client of the server was sending when this copy
@@ -826,6 +824,56 @@ struct Seen {
     listed: std::collections::HashSet<SnapshotId>,
     arrived: Vec<(SnapshotId, Option<String>, String)>,
 }
+
+/// An image snapshot cut again in the destination's block size (see
+/// [`Copier::image_cut`]).
+#[derive(Default)]
+struct ImageCut {
+    /// The destination's copy of the image's parent.
+    parent: Option<ParentImage>,
+    /// Blocks that differ from the parent's, when the image was cut again.
+    changed: u64,
+    /// The image's content here, cut again (`rechunked`) or taken from an
+    /// earlier cut of the same content.
+    content: Option<Content>,
+    rechunked: bool,
+    /// The image's blocks as cut, the first 8 bytes of each id, when it has at
+    /// most [`RUN_IMAGE_BLOCKS`].
+    blocks: Option<Arc<Vec<u64>>>,
+}
+
+/// The parent of an image being cut again ([`ImageCut::parent`]).
+#[derive(Clone)]
+struct ParentImage {
+    content: Content,
+    /// Its zero blocks.
+    zeros: u64,
+    blocks: ParentBlocks,
+}
+
+#[derive(Clone)]
+enum ParentBlocks {
+    /// Stored before this run: its list is read from the destination.
+    Stored(crate::tree::fixed::Geometry),
+    /// Copied earlier in this run: its blocks, when kept.
+    InRun(Option<Arc<Vec<u64>>>),
+}
+
+/// The last image a run copied into another block size ([`Copier::last_image`]).
+struct RunImage {
+    /// The source snapshot, as hex.
+    from: String,
+    /// Its tree here, as hex.
+    tree: String,
+    content: Content,
+    blocks: Option<Arc<Vec<u64>>>,
+    zeros: u64,
+}
+
+/// The most blocks of an image this run keeps in memory (8 bytes each: 32 MiB)
+/// to count the next image copied in the same run against; a larger one's
+/// child copied in the same run counts every block as changed.
+const RUN_IMAGE_BLOCKS: u64 = 4 << 20;
 
 /// Copies one snapshot's trees: the walk's visitor.
 struct TreeCopy<'c, 'a> {
@@ -963,13 +1011,19 @@ impl Copier<'_> {
     /// blocks are counted against as its backup counted them against the parent
     /// there; `None` when there is none, or none that reads as an image of this
     /// block size.
-    fn image_parent_copy(
-        &self,
-        snap: &Snapshot,
-    ) -> Result<Option<(crate::tree::fixed::Geometry, Content)>> {
+    fn image_parent_copy(&self, snap: &Snapshot) -> Result<Option<ParentImage>> {
         let Some(parent) = snap.parent.as_deref() else {
             return Ok(None);
         };
+        if let Some(last) = crate::lock(&self.last_image).as_ref()
+            && last.from == parent
+        {
+            return Ok(Some(ParentImage {
+                content: last.content.clone(),
+                zeros: last.zeros,
+                blocks: ParentBlocks::InRun(last.blocks.clone()),
+            }));
+        }
         let known = crate::lock(&self.copies).get(parent).copied();
         let pid = match known {
             Some(p) => p,
@@ -989,7 +1043,11 @@ impl Copier<'_> {
             return Ok(None);
         }
         let g = crate::tree::fixed::Geometry::new(info.size, info.block_size, info.fanout)?;
-        Ok(Some((g, node.content)))
+        Ok(Some(ParentImage {
+            content: node.content,
+            zeros: info.blocks_zero,
+            blocks: ParentBlocks::Stored(g),
+        }))
     }
 
     /// Copies one snapshot; true with the id of a copy another run stored first.
@@ -1036,10 +1094,10 @@ impl Copier<'_> {
             (Some(_), false) => self.image_parent_copy(snap)?,
             _ => None,
         };
-        *crate::lock(&self.image_parent) = parent_copy.clone();
-        self.image_changed_blocks.store(0, Ordering::Relaxed);
-        self.image_rechunked.store(false, Ordering::Relaxed);
-        *crate::lock(&self.image_taken) = None;
+        *crate::lock(&self.image_cut) = ImageCut {
+            parent: parent_copy,
+            ..Default::default()
+        };
         // One walk thread hands each directory's files to a pool of workers, each
         // with its own encoder for the whole snapshot.
         let walked = std::thread::scope(|s| {
@@ -1109,16 +1167,48 @@ impl Copier<'_> {
             // against the parent there (QA r37: every copy said every block
             // changed). An image whose content an earlier copy cut already is
             // that content: unchanged when it is the parent's.
-            info.blocks_changed = match parent_copy {
-                Some(_) if self.image_rechunked.load(Ordering::Relaxed) => {
-                    self.image_changed_blocks.load(Ordering::Relaxed)
-                }
-                Some((_, content)) if crate::lock(&self.image_taken).as_ref() == Some(&content) => {
-                    0
-                }
+            let mut cut = std::mem::take(&mut *crate::lock(&self.image_cut));
+            let tree = new_root.to_hex();
+            let mut last = crate::lock(&self.last_image);
+            // Nothing cut or taken: its tree is one this run made already (a
+            // snapshot of the same tree), whose image it is.
+            let earlier = last
+                .as_ref()
+                .filter(|l| cut.content.is_none() && l.tree == tree);
+            if let Some(l) = earlier {
+                cut.content = Some(l.content.clone());
+            }
+            let same_as_parent =
+                matches!((&cut.parent, &cut.content), (Some(p), Some(c)) if p.content == *c);
+            info.blocks_changed = match &cut.parent {
+                Some(_) if cut.rechunked => cut.changed,
+                Some(_) if same_as_parent => 0,
                 _ => info.blocks,
             };
-            info.blocks_zero = self.image_zero_blocks.load(Ordering::Relaxed);
+            // An image taken whole holds the zero blocks of the one it was
+            // taken from, and a child copied next in this run is counted
+            // against its blocks.
+            let (blocks, zeros) = match (&cut.parent, earlier) {
+                _ if cut.rechunked => (
+                    cut.blocks.take(),
+                    self.image_zero_blocks.load(Ordering::Relaxed),
+                ),
+                (_, Some(l)) => (l.blocks.clone(), l.zeros),
+                (Some(p), None) if same_as_parent => match &p.blocks {
+                    ParentBlocks::InRun(b) => (b.clone(), p.zeros),
+                    ParentBlocks::Stored(_) => (None, p.zeros),
+                },
+                _ => (None, self.image_zero_blocks.load(Ordering::Relaxed)),
+            };
+            info.blocks_zero = zeros;
+            *last = cut.content.map(|content| RunImage {
+                from: sid.to_hex(),
+                tree,
+                content,
+                blocks,
+                zeros,
+            });
+            drop(last);
             info.changed_blocks_input = false;
             // What this copy added for it, beside "every block changed" (the
             // source's figure said another backup's: QA).
@@ -1449,10 +1539,10 @@ impl Copier<'_> {
         }
     }
 
-    /// An image's content taken from an earlier copy's cut (see `image_taken`).
+    /// An image's content taken from an earlier copy's cut (see [`ImageCut`]).
     fn note_image_taken(&self, content: &Content) {
         if self.image.load(Ordering::Relaxed) {
-            *crate::lock(&self.image_taken) = Some(content.clone());
+            crate::lock(&self.image_cut).content = Some(content.clone());
         }
     }
 
@@ -1790,28 +1880,50 @@ impl Copier<'_> {
         let mut meta_enc = self.encoder();
         let mut pending: Vec<u8> = Vec::with_capacity(2 * bs);
         let mut asking = Pending::default();
-        self.image_rechunked.store(true, Ordering::Relaxed);
-        // The parent copy's list, read along (one that cannot be read makes
-        // every block count as changed, as in a backup).
-        let mut parent = crate::lock(&self.image_parent)
-            .clone()
-            .and_then(|(g, c)| crate::tree::fixed::FixedList::new(self.dst, g, c).ok());
-        let mut block = 0u64;
+        // The parent copy's blocks, read along: its list from the destination,
+        // or what this run kept of it (one that cannot be read makes every
+        // block count as changed, as in a backup).
+        let (mut stored, in_run) = match crate::lock(&self.image_cut).parent.clone() {
+            Some(ParentImage {
+                content,
+                blocks: ParentBlocks::Stored(g),
+                ..
+            }) => (
+                crate::tree::fixed::FixedList::new(self.dst, g, content).ok(),
+                None,
+            ),
+            Some(ParentImage {
+                blocks: ParentBlocks::InRun(b),
+                ..
+            }) => (None, b),
+            None => (None, None),
+        };
+        let short = |id: &BlobId| u64::from_le_bytes(id.0[..8].try_into().unwrap_or_default());
+        let mut mine: Option<Vec<u64>> = Some(Vec::new());
+        let (mut block, mut changed) = (0u64, 0u64);
         let mut put = |data: &[u8], builder: &mut ChunkListBuilder, enc: &mut BlobEncoder| {
             if data == &zero[..] {
                 self.image_zero_blocks.fetch_add(1, Ordering::Relaxed);
             }
             let id = self.put_data(enc, &mut asking, data)?;
-            let same = match parent.as_mut().map(|p| p.entry(0, block)) {
-                Some(Ok(e)) => e.is_some_and(|e| e.id == id),
-                Some(Err(_)) => {
-                    parent = None;
+            let same = match (stored.as_mut().map(|p| p.entry(0, block)), &in_run) {
+                (Some(Ok(e)), _) => e.is_some_and(|e| e.id == id),
+                (Some(Err(_)), _) => {
+                    stored = None;
                     false
                 }
-                None => false,
+                (None, Some(b)) => usize::try_from(block)
+                    .ok()
+                    .and_then(|i| b.get(i))
+                    .is_some_and(|&s| s == short(&id)),
+                (None, None) => false,
             };
-            if !same {
-                self.image_changed_blocks.fetch_add(1, Ordering::Relaxed);
+            changed += u64::from(!same);
+            if block >= RUN_IMAGE_BLOCKS {
+                mine = None;
+            }
+            if let Some(m) = mine.as_mut() {
+                m.push(short(&id));
             }
             block += 1;
             let mut emit = |cl: ChunkList| -> Result<BlobId> {
@@ -1840,9 +1952,15 @@ impl Copier<'_> {
         }
         self.settle(enc, &mut asking)?;
         let mut meta_enc = self.encoder();
-        builder.finish(&mut |cl: ChunkList| {
+        let root = builder.finish(&mut |cl: ChunkList| {
             self.put_blob(&mut meta_enc, BlobKind::ChunkList, &cl.encode())
-        })
+        })?;
+        let mut cut = crate::lock(&self.image_cut);
+        cut.rechunked = true;
+        cut.changed = changed;
+        cut.content = Some(root.clone());
+        cut.blocks = mine.map(Arc::new);
+        Ok(root)
     }
 }
 

@@ -224,20 +224,28 @@ pub fn restore(
             );
         }
         if let Some(v) = r.verified {
-            // Mismatches are among the failures (listed above).
-            let bad = r
-                .failed
-                .iter()
-                .filter(|f| f.error.contains(": verify: "))
-                .count();
+            // Every problem counts, not only a read-back that differs: an entry
+            // not restored was not verified either (QA r40: "all match" beside
+            // a damaged blob).
+            let outcome = match r.failed.len() {
+                0 if v == 0 => "nothing to compare".to_string(),
+                0 => "all match".to_string(),
+                n => format!("{} (listed above)", ui::count(n as u64, "problem")),
+            };
+            let unread = if r.not_verified > 0 {
+                format!(
+                    "; {} not compared (left in place by --overwrite {}, or holding \
+                     zeros where the image could not be read)",
+                    ui::count(r.not_verified, "file"),
+                    args.overwrite
+                )
+            } else {
+                String::new()
+            };
             println!(
                 "verified {} against the image (read back, or compared before they \
-                 were left in place): {}",
+                 were left in place): {outcome}{unread}",
                 ui::count(v, "file"),
-                match bad {
-                    0 => "all match".to_string(),
-                    n => format!("{} (listed above)", ui::count(n as u64, "problem")),
-                }
             );
         }
     }

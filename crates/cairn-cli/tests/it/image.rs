@@ -2100,6 +2100,15 @@ fn image_fs_restore_verify_reads_back_and_compares() {
     );
     assert!(text.contains("all match"), "{text}");
     assert!(fs::read(out.join("d/big")).unwrap() == big);
+    // Kept unread by `never`: said so, not "all match" (QA r40).
+    let o = restore(&["--overwrite", "never"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(
+            "nothing to compare; 2 files not compared (left in place by --overwrite never"
+        ),
+        "{text}"
+    );
     // A same-size, same-time change: kept without --verify, written again with.
     let f = out.join("d/big");
     let before = fs::metadata(&f).unwrap();
@@ -2178,6 +2187,26 @@ fn image_fs_restore_verify_reads_back_and_compares() {
         text.contains("verified 1 file against the image") && text.contains("1 problem"),
         "{text}"
     );
+    assert!(
+        text.contains(": 1 file,"),
+        "the file that differs is not counted: {text}"
+    );
+    // Left as a file written in part (QA r40: it kept the image's size, mode
+    // and time, and the next restore kept it as unchanged).
+    let m = fs::metadata(&written[0]).unwrap();
+    assert_eq!(m.mode() & 0o777, 0o600);
+    let wrong = fs::read(&written[0]).unwrap();
+    env.ok(&[
+        "restore",
+        &snap,
+        "--image-fs",
+        "/d",
+        "--target",
+        out.to_str().unwrap(),
+    ]);
+    let right = fs::read(&written[0]).unwrap();
+    assert!(wrong != right, "rewritten by the next restore");
+    assert!(right == big || right == b"small\n", "the image's bytes");
 }
 
 /// `restore --image-fs --dry-run` (it was refused, QA r37) writes nothing, into

@@ -1413,6 +1413,10 @@ pub(crate) struct Content<'a> {
     /// before it in the batch are written (QA r37: a dump said it was cut short
     /// after 0 bytes where the damage began at 294,912).
     after_ready: Option<Error>,
+    /// A chunk list could not be read: the error, given once the chunks named
+    /// before it are written (QA r40: a damaged list of an image's 7th MiB held
+    /// back the 2 MiB before it).
+    list_error: Option<Error>,
 }
 
 /// A piece of a file's content ready for the writer.
@@ -1449,6 +1453,7 @@ impl<'a> Content<'a> {
             zero_damaged: false,
             damaged: None,
             after_ready: None,
+            list_error: None,
         }
     }
 
@@ -1483,12 +1488,17 @@ impl<'a> Content<'a> {
                 taken += 1;
                 Ok(taken < IDS_PER_DESCENT)
             };
-            if self.zero_damaged {
-                self.reader
-                    .chunks_or_gaps_from(from, &mut lost, &mut take)?;
+            let listed = if self.zero_damaged {
+                self.reader.chunks_or_gaps_from(from, &mut lost, &mut take)
             } else {
                 self.reader
-                    .chunks_from(from, &mut |c, start| take(Piece::Chunk(c), start))?;
+                    .chunks_from(from, &mut |c, start| take(Piece::Chunk(c), start))
+            };
+            if let Err(e) = listed {
+                // The chunks taken before it go first; nothing after it.
+                self.list_error = Some(e);
+                self.next_offset = self.reader.size();
+                return self.batch_from_ids();
             }
             if let Some(e) = lost {
                 let d = self.damaged.get_or_insert_with(|| (0, e.to_string()));
@@ -1499,6 +1509,11 @@ impl<'a> Content<'a> {
                 self.next_offset = self.reader.size();
             }
         }
+        self.batch_from_ids()
+    }
+
+    /// Asks for the next batch of the chunks in `ids`; false when there are none.
+    fn batch_from_ids(&mut self) -> Result<bool> {
         if self.ids.is_empty() {
             return Ok(false);
         }
@@ -1554,7 +1569,7 @@ impl<'a> Content<'a> {
             read,
         }) = self.batches.pop_front()
         else {
-            return Ok(());
+            return self.list_error.take().map_or(Ok(()), Err);
         };
         let mut read = match read {
             Reads::Done(v) => v,

@@ -4204,6 +4204,55 @@ fn a_dump_cut_short_by_a_damaged_block_gives_the_blocks_before_it() {
     assert!(o.stdout == data[..2 * MIB]);
 }
 
+/// `dump --image-fs FILE` that meets a damaged block gives every block of the
+/// file before it and says how much came out (QA r40: it stopped at the last
+/// MiB before the damage, and did not say where).
+#[test]
+fn an_image_fs_dump_cut_short_gives_the_blocks_before_the_damage() {
+    let env = Env::new();
+    env.init(&[
+        "--block-size",
+        "4K",
+        "--no-encryption",
+        "--compression",
+        "none",
+    ]);
+    let tree = env.path("tree");
+    fs::create_dir_all(&tree).unwrap();
+    // Each 4 KiB block says its number, so that it is found in its pack.
+    let mut data = Vec::new();
+    for i in 0..768 {
+        let mark = format!("FBK{i:06}");
+        data.extend(mark.as_bytes().iter().cycle().take(4096));
+    }
+    fs::write(tree.join("m.bin"), &data).unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &["-b", "4096"]);
+    let needle = b"FBK000300";
+    let mut damaged = false;
+    for (pack, _) in packs(&env.repo) {
+        let mut b = fs::read(&pack).unwrap();
+        if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
+            b[i + 100] ^= 0xff;
+            fs::write(&pack, b).unwrap();
+            damaged = true;
+        }
+    }
+    assert!(damaged, "block 300 not found in a pack");
+    let o = env.run(&["dump", &snap, "--image-fs", "/m.bin"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.stdout.len(), 300 * 4096, "{err}");
+    assert!(o.stdout == data[..300 * 4096]);
+    assert!(
+        err.contains(&format!(
+            "the output was cut short after the first {} of its {} bytes",
+            300 * 4096,
+            data.len()
+        )),
+        "{err}"
+    );
+}
+
 /// A filesystem of 128-byte inodes (valid: old ext2/ext3, `mkfs -I 128`),
 /// which the reader behind --image-fs cannot read, is said to be that and not
 /// "corrupt", with the way that works (QA r18).

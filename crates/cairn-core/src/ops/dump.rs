@@ -63,9 +63,9 @@ pub fn dump<A: Access>(
 }
 
 /// A writer that counts what reached it (how much of a file a failed dump gave).
-struct Counted<'a> {
-    out: &'a mut dyn Write,
-    bytes: u64,
+pub(crate) struct Counted<'a> {
+    pub(crate) out: &'a mut dyn Write,
+    pub(crate) bytes: u64,
 }
 
 impl Write for Counted<'_> {

@@ -829,7 +829,19 @@ impl ImageFs {
                 crate::ops::ls::shown(&target)
             )));
         }
-        self.dump_to(&at, None, out, Path::new(crate::ops::dump::OUTPUT))
+        let mut counted = crate::ops::dump::Counted { out, bytes: 0 };
+        match self.dump_to(&at, None, &mut counted, Path::new(crate::ops::dump::OUTPUT)) {
+            // Whoever reads the stream must hear where it was cut short (as
+            // `dump` of a snapshot's file says it; QA r40).
+            Err(e) if meta.file_type().is_regular_file() && !matches!(e, Error::Cancelled) => {
+                Err(Error::Incomplete(format!(
+                    "{e}; the output was cut short after the first {} of its {} bytes",
+                    counted.bytes,
+                    meta.len()
+                )))
+            }
+            r => r,
+        }
     }
 
     /// The content of the file at `path`, already resolved (no symlink in it: a

@@ -792,6 +792,45 @@ fn faulty_mount(dir: &Path, fs_: Faulty) -> fuser::BackgroundSession {
     fuser::spawn_mount(fs_, dir, &config).unwrap()
 }
 
+/// An unreadable range across two reads of the backup (4 MiB each) is warned
+/// about once, as the snapshot records it (QA r40: said as two ranges).
+#[test]
+fn an_unreadable_range_across_two_reads_is_said_once() {
+    let env = Env::new();
+    env.init(&["--block-size", "16K"]);
+    let data = Rng(22).bytes(6 * MIB, false);
+    let mnt = env.path("faulty");
+    fs::create_dir(&mnt).unwrap();
+    let bad = (4 * MIB as u64 - 20_000, 40_000u64);
+    let _session = faulty_mount(
+        &mnt,
+        Faulty {
+            data,
+            bad: (bad.0, bad.0 + bad.1),
+            grow_after: None,
+            reads: Default::default(),
+        },
+    );
+    let src = mnt.join("disk");
+    let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
+    let (first, end) = (
+        bad.0 / 16384 * 16384,
+        (bad.0 + bad.1).div_ceil(16384) * 16384,
+    );
+    assert_eq!(e.matches("could not be read").count(), 1, "{e}");
+    assert!(
+        e.contains(&format!("bytes {first}..{end} could not be read")),
+        "{e}"
+    );
+    let snap = env.snapshot_ids().pop().unwrap();
+    let info = image_of(&env, &snap);
+    assert_eq!(
+        info["unreadable"],
+        serde_json::json!([[first, end - first]]),
+        "{info}"
+    );
+}
+
 #[test]
 fn unreadable_blocks_are_reported_kept_going_past_and_saved_as_zeros() {
     let env = Env::new();

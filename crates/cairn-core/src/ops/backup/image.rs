@@ -233,6 +233,7 @@ impl Walker<'_> {
                 res_rx,
                 shrink_warned: false,
                 read_warnings: 0,
+                pending_warning: None,
             };
             let r = self.image_steps(plan, parent.as_mut(), &mut stream);
             // Stop the readers whatever happened; they end when the queue closes.
@@ -241,6 +242,7 @@ impl Walker<'_> {
             while !stream.steps.is_empty() {
                 self.emit_step(plan, &mut stream)?;
             }
+            self.flush_read_warning(plan, &mut stream);
             Ok(())
         })?;
         let holes = source.holes.load(Ordering::Relaxed);
@@ -433,11 +435,14 @@ impl Walker<'_> {
                 level,
                 entry,
                 chunks,
-            } => self.emit(Item::Reuse {
-                level,
-                entry,
-                chunks,
-            }),
+            } => {
+                self.flush_read_warning(plan, stream);
+                self.emit(Item::Reuse {
+                    level,
+                    entry,
+                    chunks,
+                })
+            }
             Step::Read { seq, first, n } => {
                 let out = loop {
                     if let Some(o) = stream.arrived.remove(&seq) {
@@ -464,25 +469,32 @@ impl Walker<'_> {
                             )
                         })
                     } else {
-                        stream.read_warnings += 1;
-                        match stream.read_warnings {
-                            n if n < MAX_READ_WARNINGS => Some(format!(
-                                "bytes {offset}..{} could not be read ({message}); saved as zeros",
-                                offset + length
-                            )),
-                            MAX_READ_WARNINGS => Some(format!(
-                                "bytes {offset}..{} could not be read ({message}); saved as \
-                                 zeros; further unreadable ranges are not shown one by one \
-                                 (the summary and the snapshot list them all)",
-                                offset + length
-                            )),
-                            _ => None,
+                        // Said once it ends: it may go on in the next read.
+                        match &mut stream.pending_warning {
+                            Some((_, end, why)) if *end == offset && *why == message => {
+                                *end = offset + length;
+                            }
+                            _ => {
+                                self.flush_read_warning(plan, stream);
+                                stream.pending_warning =
+                                    Some((offset, offset + length, message.clone()));
+                            }
                         }
+                        None
                     };
                     if let Some(m) = warn {
                         self.progress.warning(&plan.path, &m);
                     }
                     self.emit(Item::ImageNote(Note::Unreadable { offset, length }))?;
+                }
+                // A range that ends before this read's end is whole.
+                let read_end = first * g.block_size + g.bytes_of(first, n);
+                if stream
+                    .pending_warning
+                    .as_ref()
+                    .is_some_and(|&(_, end, _)| end < read_end)
+                {
+                    self.flush_read_warning(plan, stream);
                 }
                 let lens = (first..first + n)
                     .map(|i| g.bytes_of(i, 1) as u32)
@@ -494,6 +506,29 @@ impl Walker<'_> {
                 })
             }
         }
+    }
+}
+
+impl Walker<'_> {
+    /// Warns of the unreadable range [`Stream::pending_warning`] holds, if any
+    /// (up to [`MAX_READ_WARNINGS`] of them).
+    fn flush_read_warning(&mut self, plan: &ImagePlan, stream: &mut Stream) {
+        let Some((offset, end, message)) = stream.pending_warning.take() else {
+            return;
+        };
+        stream.read_warnings += 1;
+        let warn = match stream.read_warnings {
+            n if n < MAX_READ_WARNINGS => {
+                format!("bytes {offset}..{end} could not be read ({message}); saved as zeros")
+            }
+            MAX_READ_WARNINGS => format!(
+                "bytes {offset}..{end} could not be read ({message}); saved as zeros; further \
+                 unreadable ranges are not shown one by one (the summary and the snapshot \
+                 list them all)"
+            ),
+            _ => return,
+        };
+        self.progress.warning(&plan.path, &warn);
     }
 }
 
@@ -509,6 +544,10 @@ struct Stream {
     /// snapshot and the summary all the same).
     shrink_warned: bool,
     read_warnings: usize,
+    /// An unreadable range not warned about yet: it may go on in the next read
+    /// (QA r40: one range across two reads was said as two): its start, end
+    /// and why.
+    pending_warning: Option<(u64, u64, String)>,
 }
 
 /// Warnings of unreadable ranges a backup prints before it only counts them.

@@ -40,7 +40,7 @@ pub use dryrun::DryRunBackend;
 pub use fault::{FaultSpec, FaultyBackend};
 pub use local::{LocalBackend, private_dir, replace_private_file};
 pub use mem::MemBackend;
-pub use retry::{RetryBackend, RetryPolicy};
+pub use retry::{RetryBackend, RetryPolicy, within};
 pub use s3::{S3_SILENCE, S3Backend, S3Location, S3Options};
 pub use server::{
     SERVER_SILENCE_MIN, ServerBackend, ServerLocation, ServerOptions, parse_fingerprint,

@@ -45,6 +45,11 @@ pub struct Point {
 /// operation.
 pub const POINTS: &[Point] = &[
     Point {
+        name: "lock:release",
+        state: "a command is about to remove its repository lock (its refresher has \
+                stopped); a kill here leaves the lock to go stale",
+    },
+    Point {
         name: "image-fs:verify",
         state: "`restore --image-fs --verify` has written a file's content and is \
                 about to read it back; its mode and times are not set yet, and its \

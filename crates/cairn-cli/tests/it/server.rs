@@ -1212,6 +1212,57 @@ fn two_servers_share_one_s3_datastore() {
     b.stop();
 }
 
+/// A restore whose server goes away once its work is done, as it releases its
+/// lock: it ends within seconds, successful, and does not wait the minute and a
+/// half a call rides a server restart for (QA r37). A reader's lock goes stale
+/// by itself.
+#[test]
+fn a_readers_lock_release_does_not_wait_long_for_a_server_that_went_away() {
+    let env = Env::new();
+    env.init(&[]);
+    let src = env.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"hello").unwrap();
+    env.backup(&[&src]);
+    let srv = Server::start(&env.path("state"), &[("main", &env.repo)], false);
+    let token = srv.token("reader", "main", "restore");
+    let pause = env.path("pause");
+    std::fs::create_dir_all(&pause).unwrap();
+    let out = env.path("out");
+    let child = client_cmd(
+        &env,
+        &srv,
+        "main",
+        &token,
+        &["restore", "latest", "--target", out.to_str().unwrap()],
+    )
+    .env(
+        "CAIRN_TEST_PAUSE_AT",
+        format!("lock:release:1:{}", pause.display()),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_until(
+        "the restore to release its lock",
+        Duration::from_secs(60),
+        || pause.join("reached").exists(),
+    );
+    srv.stop();
+    let t = std::time::Instant::now();
+    std::fs::write(pause.join("go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}: {err}");
+    assert_eq!(
+        std::fs::read(out.join(src.strip_prefix("/").unwrap()).join("f")).unwrap(),
+        b"hello"
+    );
+}
+
 /// A server that stops taking an upload and says nothing, its connection left
 /// open (a hung server, a link that went dead without a reset): the client
 /// gives the upload up after the silence it allows (30 s with `--retry-for 0`)

@@ -208,6 +208,9 @@ fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The most a lock that holds no one up is retried for when released.
+const READER_RELEASE: Duration = Duration::from_secs(15);
+
 /// Locks this process released but could not remove (the storage was down):
 /// no longer refreshed, so they go stale by themselves, but until then they keep
 /// prune from deleting. A long-lived process ([`retry_orphaned`]) removes them once
@@ -292,6 +295,8 @@ pub const EDITING: &[&str] = &["forget", "tag", "rewrite"];
 /// A lock this process holds; released (deleted) on drop.
 pub struct RepoLock {
     backend: Arc<dyn Backend>,
+    /// Others must respect it: its release is retried as long as any call.
+    holds_others: bool,
     id: [u8; 32],
     name: String,
     shared: Arc<Shared>,
@@ -419,6 +424,7 @@ impl RepoLock {
         // From here on, dropping `me` deletes the lock object.
         let mut me = RepoLock {
             backend: backend.clone(),
+            holds_others: rivals != Rivals::None,
             id,
             name: name.clone(),
             shared: shared.clone(),
@@ -580,7 +586,18 @@ impl Drop for RepoLock {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        match self.backend.delete(&self.name) {
+        // A reader's lock holds up only prune, and goes stale by itself: its
+        // release does not keep a command that finished its work waiting on
+        // storage that went away (QA r37: a restore waited a minute and a half
+        // for a server that stopped right after it).
+        crate::hooks::point("lock:release");
+        let delete = || self.backend.delete(&self.name);
+        let deleted = if self.holds_others {
+            delete()
+        } else {
+            cairn_backend::within(READER_RELEASE, delete)
+        };
+        match deleted {
             Ok(()) => {}
             Err(e) if e.is_not_found() => {}
             Err(_) => ORPHANED

@@ -11,6 +11,7 @@
 //! answer_memory_mib = 2048
 //! answer_memory_per_caller_mib = 512
 //! answer_stall_secs = 120
+//! connection_idle_secs = 120
 //! max_lock_age_hours = 168
 //! job_idle_secs = 90
 //! restart_lock_secs = 360
@@ -63,6 +64,9 @@ pub struct ServerConfig {
     /// Seconds a client may take none of an answer before the server gives it
     /// up and ends the connection ([`crate::conns::Untaken`]).
     pub answer_stall_secs: u64,
+    /// Seconds a connection may go without a request running or an answer
+    /// being sent before the server closes it ([`crate::conns::Busy`]).
+    pub connection_idle_secs: u64,
     /// Hours after which a lock made by a backup or restore token may no longer be
     /// refreshed (a week by default: longer than any sane backup, short enough that
     /// a hijacked client cannot keep prune from deleting forever).
@@ -148,6 +152,7 @@ pub struct FileConfig {
     pub answer_memory_mib: Option<u64>,
     pub answer_memory_per_caller_mib: Option<u64>,
     pub answer_stall_secs: Option<u64>,
+    pub connection_idle_secs: Option<u64>,
     pub max_lock_age_hours: Option<u64>,
     pub job_idle_secs: Option<u64>,
     pub restart_lock_secs: Option<u64>,
@@ -358,6 +363,7 @@ impl ServerConfig {
             answer_memory_mib: file.answer_memory_mib.unwrap_or(2048),
             answer_memory_per_caller_mib: file.answer_memory_per_caller_mib.unwrap_or(512),
             answer_stall_secs: file.answer_stall_secs.unwrap_or(120),
+            connection_idle_secs: file.connection_idle_secs.unwrap_or(120),
             max_lock_age_hours: file.max_lock_age_hours.unwrap_or(7 * 24),
             job_idle_secs: file.job_idle_secs.unwrap_or(90),
             restart_lock_secs: file.restart_lock_secs.unwrap_or(360),
@@ -430,6 +436,13 @@ impl ServerConfig {
             ),
             // Long enough for a client's pause, short enough to matter.
             ("answer_stall_secs", config.answer_stall_secs, 5, 86_400),
+            // Past a client's own pool (reqwest keeps an idle connection 90 s).
+            (
+                "connection_idle_secs",
+                config.connection_idle_secs,
+                5,
+                86_400,
+            ),
         ] {
             if !(min..=max).contains(&value) {
                 return Err(ConfigError::Invalid(format!(

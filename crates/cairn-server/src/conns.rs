@@ -197,7 +197,74 @@ impl Taking {
     }
 }
 
+/// A connection's requests being handled, and when the last one ended: one
+/// with none and no answer left to send for `connection_idle_secs` is closed
+/// (QA r41: a client that sent one request and then only answered the server's
+/// HTTP/2 pings kept its place for good, and enough of them kept every other
+/// client waiting to be accepted).
+pub struct Busy {
+    running: std::sync::atomic::AtomicUsize,
+    since: Mutex<tokio::time::Instant>,
+}
+
+impl Default for Busy {
+    fn default() -> Busy {
+        Busy {
+            running: Default::default(),
+            since: Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+}
+
+/// A request of a [`Busy`] connection being handled; it ends when dropped.
+pub struct Running(Arc<Busy>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        *self.0.since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Busy {
+    /// A request begins.
+    pub fn start(self: &Arc<Self>) -> Running {
+        self.running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running(self.clone())
+    }
+
+    /// Resolves once the connection has had no request running and no answer
+    /// in `answers` left to send for `limit` (looked at every eighth of it, at
+    /// most every 15 s).
+    pub async fn idle(&self, answers: &Untaken, limit: std::time::Duration) {
+        let every = (limit / 8).clamp(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(15),
+        );
+        loop {
+            tokio::time::sleep(every).await;
+            if self.running.load(std::sync::atomic::Ordering::SeqCst) > 0 || answers.holds_any() {
+                continue;
+            }
+            let since = *self.since.lock().unwrap_or_else(|e| e.into_inner());
+            if since.elapsed() >= limit {
+                return;
+            }
+        }
+    }
+}
+
 impl Untaken {
+    /// Whether an answer of the connection is still being sent.
+    fn holds_any(&self) -> bool {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.retain(|a| a.strong_count() > 0);
+        !answers.is_empty()
+    }
+
     /// A new answer's frames, watched while the answer lives.
     pub fn track(&self) -> Arc<Taking> {
         let taking = Arc::new(Taking {

@@ -1275,15 +1275,32 @@ async fn run(
         let _ = tcp.set_nodelay(true);
         // Its answers not yet taken: one left so too long ends it.
         let untaken = Arc::new(conns::Untaken::default());
-        let service = logged(app.clone(), router.clone(), timeout, peer, untaken.clone());
+        let busy = Arc::new(conns::Busy::default());
+        let service = logged(
+            app.clone(),
+            router.clone(),
+            timeout,
+            peer,
+            (untaken.clone(), busy.clone()),
+        );
         let builder = connection_builder(app.uploads_paced());
         let stall = app.stall();
+        let idle_limit = Duration::from_secs(app.config.connection_idle_secs);
+        // Ends the connection when its client takes none of an answer for too
+        // long, or when it has had nothing to do for too long (a request the
+        // client never makes, or an answer it never reads, holds no place).
         let stalled = async move {
-            untaken.stalled(stall).await;
-            log_line(&format!(
-                "{peer} closed: its client took none of an answer for {} s (answer_stall_secs)",
-                stall.as_secs()
-            ));
+            tokio::select! {
+                () = untaken.stalled(stall) => log_line(&format!(
+                    "{peer} closed: its client took none of an answer for {} s \
+                     (answer_stall_secs)",
+                    stall.as_secs()
+                )),
+                () = busy.idle(&untaken, idle_limit) => log_line(&format!(
+                    "{peer} closed: no request for {} s (connection_idle_secs)",
+                    idle_limit.as_secs()
+                )),
+            }
         };
         match &acceptor {
             Some(acc) => {
@@ -1412,7 +1429,7 @@ fn logged(
     router: Router,
     timeout: Duration,
     peer: std::net::SocketAddr,
-    untaken: Arc<conns::Untaken>,
+    (untaken, busy): (Arc<conns::Untaken>, Arc<conns::Busy>),
 ) -> hyper_util::service::TowerToHyperService<
     impl tower::Service<
         axum::http::Request<hyper::body::Incoming>,
@@ -1426,7 +1443,9 @@ fn logged(
         let app = app.clone();
         let router = router.clone();
         let untaken = untaken.clone();
+        let running = busy.start();
         async move {
+            let _running = running;
             let started = Instant::now();
             let method = req.method().clone();
             // With the query (prefix, mode, max): the log says what was asked.

@@ -2328,6 +2328,86 @@ fn answers_a_client_never_takes_hold_no_more_than_its_share() {
     assert!(log.contains(" 429 "), "{log}");
 }
 
+/// A connection with nothing to do (one request, then only pings answered)
+/// is closed after `connection_idle_secs`, while one that keeps asking stays
+/// (QA r41: idle HTTP/2 connections held their places for good, and enough of
+/// them kept every other client from being accepted).
+#[test]
+fn an_idle_connection_is_closed_and_a_busy_one_kept() {
+    let env = Env::new();
+    env.init(&[]);
+    let srv = Server::with_settings(&env, "connection_idle_secs = 5\n");
+    let port = srv.port;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (idle_for, busy_alive) = rt.block_on(async move {
+        let connect = || async move {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            h2::client::Builder::new()
+                .handshake::<_, bytes::Bytes>(tcp)
+                .await
+                .unwrap()
+        };
+        let health = || {
+            http::Request::get(format!("http://127.0.0.1:{port}/healthz"))
+                .body(())
+                .unwrap()
+        };
+        let (idle, idle_conn) = connect().await;
+        let idle_conn = tokio::spawn(idle_conn);
+        let (resp, _) = idle
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(health(), true)
+            .unwrap();
+        assert_eq!(resp.await.unwrap().status().as_u16(), 200);
+        let asked = std::time::Instant::now();
+        let (busy, busy_conn) = connect().await;
+        let mut busy_conn = tokio::spawn(busy_conn);
+        // The busy one asks every 2 s while the idle one waits to be closed.
+        let keep_asking = async {
+            loop {
+                let (resp, _) = busy
+                    .clone()
+                    .ready()
+                    .await
+                    .unwrap()
+                    .send_request(health(), true)
+                    .unwrap();
+                assert_eq!(resp.await.unwrap().status().as_u16(), 200);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(60), idle_conn) => {
+                r.expect("the idle connection was closed within a minute").unwrap().ok();
+            }
+            () = keep_asking => unreachable!(),
+        }
+        let idle_for = asked.elapsed();
+        let busy_alive = tokio::time::timeout(Duration::from_millis(500), &mut busy_conn)
+            .await
+            .is_err();
+        (idle_for, busy_alive)
+    });
+    assert!(
+        idle_for >= Duration::from_secs(4) && idle_for < Duration::from_secs(30),
+        "closed after {idle_for:?}"
+    );
+    assert!(busy_alive, "a connection that kept asking was closed");
+    let log = srv.stop();
+    assert!(
+        log.contains("closed: no request for 5 s (connection_idle_secs)"),
+        "{log}"
+    );
+}
+
 /// An HTTP/2 client that leaves an answer untaken (its stream's window shut,
 /// its connection alive) loses the connection after `answer_stall_secs`, and
 /// the answer's room comes back (audit r36 F4: it stayed for as long as the

@@ -1784,6 +1784,40 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
     assert_eq!(zeros, [0, 256, 256, 256], "{all}");
 }
 
+/// Two disks' snapshots copied in one run into another block size, one disk's
+/// between the other's: each counts its blocks against its own parent's copy
+/// (review r42: only the image copied just before was remembered).
+#[test]
+fn copied_image_snapshots_of_two_disks_in_one_run_count_against_their_own_parents() {
+    let src = Env::new();
+    src.init(&["--block-size", "16K"]);
+    let (a, b) = (src.path("a.img"), src.path("b.img"));
+    let mut da = Rng(51).bytes(2 * MIB, false);
+    fs::write(&a, &da).unwrap();
+    fs::write(&b, Rng(52).bytes(2 * MIB, false)).unwrap();
+    backup_image(&src, &a, &[]);
+    backup_image(&src, &b, &[]);
+    change(&a, &mut da, &[(100_000, 100)], 53);
+    backup_image(&src, &a, &[]);
+    backup_image(&src, &b, &[]);
+    let dst = Env::new();
+    dst.init(&["--block-size", "4K"]);
+    let o = dst
+        .cmd(&["copy", "--from", &src.location])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
+    let changed: Vec<u64> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["image"]["blocks_changed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(changed, [512, 512, 1, 0], "{all}");
+}
+
 /// Through `cairn serve` (TLS, a backup token): a full image, then a changed-block
 /// one; a restore token brings both back.
 #[test]

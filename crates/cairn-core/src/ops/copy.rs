@@ -443,7 +443,7 @@ fn copy_snapshots(
         image: Default::default(),
         image_zero_blocks: AtomicU64::new(0),
         image_cut: Mutex::default(),
-        last_image: Mutex::new(None),
+        run_images: Mutex::default(),
         dedup: dst.dedup().cloned(),
         deferred: Mutex::new(Default::default()),
         held: Mutex::new(Default::default()),
@@ -730,11 +730,12 @@ struct Copier<'a> {
     /// The image snapshot being copied into another block size: what counts
     /// its blocks changed.
     image_cut: Mutex<ImageCut>,
-    /// The last image this run copied into another block size: the source
-    /// snapshot (hex), and its content and blocks here. Its blobs are not in the
-    /// destination's loaded index, so a child copied next is counted against
-    /// this (QA r40: every block changed when both went in one run).
-    last_image: Mutex<Option<RunImage>>,
+    /// The images this run copied into another block size, newest last: the
+    /// source snapshot (hex), and their content and blocks here. Their blobs
+    /// are not in the destination's loaded index, so a child copied later in
+    /// the run is counted against these (QA r40: every block changed when both
+    /// went in one run; review r42: two disks' snapshots interleaved).
+    run_images: Mutex<std::collections::VecDeque<RunImage>>,
     /// The destination server's dedup service (see [`Repository::start_dedup_queries`]).
     dedup: Option<Arc<DedupClient>>,
     /// Data chunks another client of the server was sending when this copy
@@ -859,7 +860,7 @@ enum ParentBlocks {
     InRun(Option<Arc<Vec<u64>>>),
 }
 
-/// The last image a run copied into another block size ([`Copier::last_image`]).
+/// An image a run copied into another block size ([`Copier::run_images`]).
 struct RunImage {
     /// The source snapshot, as hex.
     from: String,
@@ -870,10 +871,32 @@ struct RunImage {
     zeros: u64,
 }
 
-/// The most blocks of an image this run keeps in memory (8 bytes each: 32 MiB)
-/// to count the next image copied in the same run against; a larger one's
-/// child copied in the same run counts every block as changed.
+/// The most blocks of images this run keeps in memory (8 bytes each: 32 MiB)
+/// to count the images copied later in the same run against; a child of an
+/// image whose blocks were not kept counts every block as changed.
 const RUN_IMAGE_BLOCKS: u64 = 4 << 20;
+
+/// Adds `image` to the run's images, within their bounds: at most
+/// [`RUN_IMAGES`] of them, and the blocks of the newest up to
+/// [`RUN_IMAGE_BLOCKS`] in all (older ones keep their content and counts).
+fn keep_run_image(runs: &mut std::collections::VecDeque<RunImage>, image: RunImage) {
+    runs.push_back(image);
+    while runs.len() > RUN_IMAGES {
+        runs.pop_front();
+    }
+    let mut kept = 0u64;
+    for r in runs.iter_mut().rev() {
+        let n = r.blocks.as_ref().map_or(0, |b| b.len() as u64);
+        if kept + n > RUN_IMAGE_BLOCKS {
+            r.blocks = None;
+        } else {
+            kept += n;
+        }
+    }
+}
+
+/// The most images a run remembers ([`Copier::run_images`]).
+const RUN_IMAGES: usize = 64;
 
 /// Copies one snapshot's trees: the walk's visitor.
 struct TreeCopy<'c, 'a> {
@@ -1015,13 +1038,15 @@ impl Copier<'_> {
         let Some(parent) = snap.parent.as_deref() else {
             return Ok(None);
         };
-        if let Some(last) = crate::lock(&self.last_image).as_ref()
-            && last.from == parent
+        if let Some(run) = crate::lock(&self.run_images)
+            .iter()
+            .rev()
+            .find(|r| r.from == parent)
         {
             return Ok(Some(ParentImage {
-                content: last.content.clone(),
-                zeros: last.zeros,
-                blocks: ParentBlocks::InRun(last.blocks.clone()),
+                content: run.content.clone(),
+                zeros: run.zeros,
+                blocks: ParentBlocks::InRun(run.blocks.clone()),
             }));
         }
         let known = crate::lock(&self.copies).get(parent).copied();
@@ -1169,14 +1194,18 @@ impl Copier<'_> {
             // that content: unchanged when it is the parent's.
             let mut cut = std::mem::take(&mut *crate::lock(&self.image_cut));
             let tree = new_root.to_hex();
-            let mut last = crate::lock(&self.last_image);
-            // Nothing cut or taken: its tree is one this run made already (a
-            // snapshot of the same tree), whose image it is.
-            let earlier = last
-                .as_ref()
-                .filter(|l| cut.content.is_none() && l.tree == tree);
-            if let Some(l) = earlier {
-                cut.content = Some(l.content.clone());
+            let mut runs = crate::lock(&self.run_images);
+            // Not cut again: its tree (nothing was cut or taken: a snapshot of
+            // the same tree) or its content is one this run made already, whose
+            // image it is.
+            let earlier = match &cut.content {
+                _ if cut.rechunked => None,
+                None => runs.iter().rev().find(|r| r.tree == tree),
+                Some(c) => runs.iter().rev().find(|r| r.content == *c),
+            };
+            let earlier = earlier.map(|r| (r.content.clone(), r.blocks.clone(), r.zeros));
+            if let Some((c, _, _)) = &earlier {
+                cut.content = Some(c.clone());
             }
             let same_as_parent =
                 matches!((&cut.parent, &cut.content), (Some(p), Some(c)) if p.content == *c);
@@ -1193,7 +1222,7 @@ impl Copier<'_> {
                     cut.blocks.take(),
                     self.image_zero_blocks.load(Ordering::Relaxed),
                 ),
-                (_, Some(l)) => (l.blocks.clone(), l.zeros),
+                (_, Some((_, b, z))) => (b, z),
                 (Some(p), None) if same_as_parent => match &p.blocks {
                     ParentBlocks::InRun(b) => (b.clone(), p.zeros),
                     ParentBlocks::Stored(_) => (None, p.zeros),
@@ -1201,14 +1230,19 @@ impl Copier<'_> {
                 _ => (None, self.image_zero_blocks.load(Ordering::Relaxed)),
             };
             info.blocks_zero = zeros;
-            *last = cut.content.map(|content| RunImage {
-                from: sid.to_hex(),
-                tree,
-                content,
-                blocks,
-                zeros,
-            });
-            drop(last);
+            if let Some(content) = cut.content {
+                keep_run_image(
+                    &mut runs,
+                    RunImage {
+                        from: sid.to_hex(),
+                        tree,
+                        content,
+                        blocks,
+                        zeros,
+                    },
+                );
+            }
+            drop(runs);
             info.changed_blocks_input = false;
             // What this copy added for it, beside "every block changed" (the
             // source's figure said another backup's: QA).

@@ -2400,6 +2400,33 @@ fn image_fs_restore_dry_run_counts_what_the_restore_does_and_writes_nothing() {
         "{text}"
     );
     assert!(text.contains("would leave 3 existing entries"), "{text}");
+    // With --verify, a file of the image's size and time whose bytes differ
+    // is written again, and the dry run says so too (review r42).
+    let fresh = env.path("fresh");
+    let into = |dir: &Path, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["restore", &snap, "--image-fs", "/d", "--json", "--target"];
+        args.push(dir.to_str().unwrap());
+        args.extend_from_slice(extra);
+        serde_json::from_str(&env.ok(&args)).unwrap()
+    };
+    into(&fresh, &[]);
+    let big = fresh.join("d/big");
+    let m = fs::metadata(&big).unwrap();
+    let mut bytes = fs::read(&big).unwrap();
+    bytes[5] ^= 1;
+    fs::write(&big, &bytes).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_modified(m.modified().unwrap()))
+        .unwrap();
+    assert_eq!(into(&fresh, &["--dry-run"])["files"], 0);
+    let dry = into(&fresh, &["--dry-run", "--verify"]);
+    assert_eq!(dry["files"], 1, "{dry}");
+    assert_eq!(dry["verified"], serde_json::Value::Null, "{dry}");
+    assert_eq!(fs::read(&big).unwrap(), bytes, "the dry run wrote");
+    assert_eq!(into(&fresh, &["--verify"])["files"], 1);
     // A target that is a symlink is refused as the restore refuses it.
     let link = env.path("link");
     std::os::unix::fs::symlink(&out, &link).unwrap();

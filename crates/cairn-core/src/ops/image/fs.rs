@@ -1223,12 +1223,17 @@ impl ImageFs {
             r.guard.enter(path, ino)?;
             let sub = match (&existing, dir) {
                 (Some(st), Some(d)) if st.kind() == libc::S_IFDIR => {
-                    if r.overwrite_for(st) == Overwrite::Never || r.dir_as_image(st, &meta) {
+                    let never = r.overwrite_for(st) == Overwrite::Never;
+                    if never || r.dir_as_image(st, &meta) {
                         r.report.kept += 1;
                         r.listed(crate::progress::FileAction::Unchanged, shown, 0);
                     } else {
                         r.report.dirs += 1;
                         r.made(true, shown, 0);
+                    }
+                    // Its metadata is set again unless `never` keeps it.
+                    if let (Some(fs), Some(i), false) = (r.ext2, &inode, never) {
+                        r.plan_xattrs(fs, i, shown);
                     }
                     Some(
                         sys::open_at(
@@ -1253,14 +1258,25 @@ impl ImageFs {
                 (e, _) => {
                     r.report.dirs += 1;
                     r.made(e.is_some(), shown, 0);
+                    if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+                        r.plan_xattrs(fs, i, shown);
+                    }
                     None
                 }
             };
             let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
-                (Some(fs), Some(d)) => fs
-                    .entries(d)
-                    .map(|e| e.into_iter().collect())
-                    .unwrap_or_default(),
+                (Some(fs), Some(d)) => match fs.entries(d) {
+                    Ok(e) => e.into_iter().collect(),
+                    Err(e) => {
+                        let why = format!(
+                            "{}: hard links and extended attributes below it would not be \
+                             restored: {e}",
+                            shown.display()
+                        );
+                        r.report.fail(shown, why);
+                        Default::default()
+                    }
+                },
                 _ => Default::default(),
             };
             let children = self.children(path, r.ext2.zip(inode.as_ref()))?;
@@ -1328,7 +1344,16 @@ impl ImageFs {
             _ => None,
         };
         // Another name of a file whose first name was met: a link to it.
-        if let Some(first) = linked.and_then(|n| r.planned.get(&n).copied()) {
+        if let Some(n) = linked
+            && let Some((first, _)) = r.planned.get(&n).copied()
+        {
+            // As `restore_link`: this name is done with.
+            if let Some((_, left)) = r.planned.get_mut(&n) {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    r.planned.remove(&n);
+                }
+            }
             let keep = existing
                 .as_ref()
                 .map(|st| first.is_some_and(|id| st.id() == id) || r.keeps_in_place_of_dir(st, m));
@@ -1352,13 +1377,13 @@ impl ImageFs {
             return Ok(());
         }
         if let (Some(st), Some(d)) = (&existing, dir) {
-            if self.keeps(r, st, kind, &meta, inode.as_ref(), d, &cname, path, shown) {
+            if self.keeps(r, st, kind, &meta, inode.as_ref(), d, &cname, path, shown)? {
                 r.report.kept += 1;
                 r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
-                if let Some(n) = linked
+                if let (Some(n), Some(i)) = (linked, &inode)
                     && st.kind() == kind
                 {
-                    r.planned.insert(n, Some(st.id()));
+                    r.plan_first_link(n, i, Some(st.id()), shown);
                 }
                 return Ok(());
             }
@@ -1370,8 +1395,11 @@ impl ImageFs {
                 )));
             }
         }
-        if let Some(n) = linked {
-            r.planned.insert(n, None);
+        if let (Some(n), Some(i)) = (linked, &inode) {
+            r.plan_first_link(n, i, None, shown);
+        }
+        if let (Some(fs), Some(i)) = (r.ext2, &inode) {
+            r.plan_xattrs(fs, i, shown);
         }
         match kind {
             libc::S_IFLNK => r.report.symlinks += 1,
@@ -1697,7 +1725,7 @@ impl ImageFs {
         }
         if let Some(st) = &existing {
             let same_kind = st.kind() == kind;
-            let keep = self.keeps(r, st, kind, &meta, inode.as_ref(), dir, &cname, path, shown);
+            let keep = self.keeps(r, st, kind, &meta, inode.as_ref(), dir, &cname, path, shown)?;
             if keep {
                 r.report.kept += 1;
                 if r.verifies() && kind == libc::S_IFREG && same_kind {
@@ -1862,35 +1890,43 @@ impl ImageFs {
         name: &std::ffi::CStr,
         path: &str,
         shown: &Path,
-    ) -> bool {
+    ) -> Result<bool> {
         use crate::ops::restore::Overwrite;
         let m = meta.modified();
         let mode = u32::from(meta.mode()) & 0o7777;
-        match r.overwrite_for(st) {
+        Ok(match r.overwrite_for(st) {
             Overwrite::Never => true,
             Overwrite::Always => false,
             Overwrite::IfNewer => st.mtime.0 >= m.seconds(),
             // The image's entry already, metadata and all (QA: a file whose
             // mode, owner or attributes had changed was kept as it was).
             Overwrite::IfChanged => {
-                st.kind() == kind
+                let looks_kept = st.kind() == kind
                     && st.size == meta.len()
                     && st.mtime == (m.seconds(), m.nanoseconds())
                     && (kind == libc::S_IFLNK || st.mode & 0o7777 == mode)
                     && (!r.as_root || (st.uid, st.gid) == (meta.uid(), meta.gid()))
-                    && Self::xattrs_kept(r, inode, dir, name)
-                    // With `--verify`, a file is kept only when its bytes are
-                    // the image's too (as a restore of files compares them).
-                    && (!r.verifies() || kind != libc::S_IFREG || {
-                        let own = r.ext2.zip(inode).filter(|(_, i)| {
-                            i.size == meta.len() && i.mode() & 0o7777 == meta.mode()
-                        });
+                    && Self::xattrs_kept(r, inode, dir, name);
+                // With `--verify`, a file is kept only when its bytes are the
+                // image's too (as a restore of files compares them).
+                if !looks_kept || !r.verifies() || kind != libc::S_IFREG {
+                    looks_kept
+                } else {
+                    let own = r
+                        .ext2
+                        .zip(inode)
+                        .filter(|(_, i)| i.size == meta.len() && i.mode() & 0o7777 == meta.mode());
+                    match self.holds_the_image_file(path, own, dir, name, st, shown) {
+                        Ok(same) => same,
+                        // Ctrl-C: not taken for a difference (review r42: the
+                        // good file was replaced by an empty one).
+                        Err(Error::Cancelled) => return Err(Error::Cancelled),
                         // One that cannot be read is written again.
-                        self.holds_the_image_file(path, own, dir, name, st, shown)
-                            .unwrap_or(false)
-                    })
+                        Err(_) => false,
+                    }
+                }
             }
-        }
+        })
     }
 
     /// Whether the regular file `name` of `dir` (`st`: what `stat` said of it)
@@ -2176,10 +2212,49 @@ struct FsRestore<'a> {
     fresh: bool,
     /// `--dry-run`: the image inodes of hard-linked files whose first name was
     /// met, with the target's file kept for it (`None`: it would be written).
-    planned: std::collections::HashMap<u32, Option<(u64, u64)>>,
+    /// With the names of it still to come (as [`FirstLink::left`]).
+    planned: std::collections::HashMap<u32, (Option<(u64, u64)>, u32)>,
 }
 
 impl FsRestore<'_> {
+    /// `--dry-run`: [`ImageFs::first_link`] of image inode `n`, whose first name
+    /// (`shown`) is the target's file `id` when kept (`None`: written).
+    fn plan_first_link(
+        &mut self,
+        n: u32,
+        inode: &super::blockmap::Inode,
+        id: Option<(u64, u64)>,
+        shown: &Path,
+    ) {
+        if self.planned.len() < MAX_OPEN_LINKS {
+            self.planned
+                .insert(n, (id, u32::from(inode.links.saturating_sub(1))));
+        } else {
+            self.report.notes.push(format!(
+                "{}: would be restored as a copy, not a hard link (too many files with \
+                 names still to come)",
+                shown.display()
+            ));
+        }
+    }
+
+    /// `--dry-run`: an entry that would be written fails as the restore fails
+    /// it when its extended attributes cannot be read.
+    fn plan_xattrs(
+        &mut self,
+        fs: &super::blockmap::Ext2<'_>,
+        inode: &super::blockmap::Inode,
+        shown: &Path,
+    ) {
+        if let Err(e) = fs.xattrs(inode) {
+            let why = format!(
+                "{}: extended attributes would not be restored: {e}",
+                shown.display()
+            );
+            self.report.fail(shown, why);
+        }
+    }
+
     /// Whether `st`, not a directory, is left where the image has a directory
     /// (modified at `m`), and nothing is restored below it.
     fn keeps_in_place_of_dir(

@@ -4227,7 +4227,7 @@ fn a_dump_cut_short_by_a_damaged_block_gives_the_blocks_before_it() {
     let data = Rng(23).bytes(2 * MIB, false);
     fs::write(&src, &data).unwrap();
     let snap = image_snapshot(&env, &src);
-    // Block 75: not the first of a batch of 32, and the 4th batch.
+    // Block 75: not the first of a batch of 32 (the third batch).
     let at = 75 * 4096;
     let needle = &data[at..at + 4096];
     let mut damaged = false;

@@ -471,7 +471,8 @@ impl Walker<'_> {
                     } else {
                         // Said once it ends: it may go on in the next read.
                         match &mut stream.pending_warning {
-                            Some((_, end, why)) if *end == offset && *why == message => {
+                            // Whatever the error, as the snapshot records it.
+                            Some((_, end, _)) if *end == offset => {
                                 *end = offset + length;
                             }
                             _ => {

@@ -882,7 +882,30 @@ impl ImageFs {
         let mut total = 0u64;
         loop {
             self.check_cancelled()?;
-            let n = file.read_bytes(&mut buf).map_err(|e| read_err(path, e))?;
+            let n = match file.read_bytes(&mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    // What reads before the damage goes out first, 4 KiB at a
+                    // time from where the failed read began (review r42: up to
+                    // 1 MiB was held back).
+                    if file.seek_to(total).is_err() {
+                        return Err(read_err(path, e));
+                    }
+                    let mut small = [0u8; 4096];
+                    loop {
+                        match file.read_bytes(&mut small) {
+                            Err(_) => return Err(read_err(path, e)),
+                            // Read to its end this time.
+                            Ok(0) => return Ok(total),
+                            Ok(k) => {
+                                out.write_all(&small[..k])
+                                    .map_err(|e| Error::io(out_name, e))?;
+                                total += k as u64;
+                            }
+                        }
+                    }
+                }
+            };
             if n == 0 {
                 return Ok(total);
             }
@@ -1949,9 +1972,13 @@ impl ImageFs {
             buf: Vec::new(),
             differs: false,
         };
-        self.dump_to(path, own, &mut cmp, shown)?;
+        let dumped = self.dump_to(path, own, &mut cmp, shown);
+        if cmp.differs {
+            return Ok(false);
+        }
+        dumped?;
         let len = cmp.file.metadata().map_err(|e| Error::io(shown, e))?.len();
-        Ok(!cmp.differs && len == cmp.at)
+        Ok(len == cmp.at)
     }
 
     /// Records the entry `name` of `dir` (device and inode `id`) as the first
@@ -2398,13 +2425,16 @@ struct Compare {
 impl Write for Compare {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        if !self.differs {
-            self.buf.resize(data.len(), 0);
-            match self.file.read_exact_at(&mut self.buf, self.at) {
-                Ok(()) => self.differs = self.buf != data,
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => self.differs = true,
-                Err(e) => return Err(e),
-            }
+        self.buf.resize(data.len(), 0);
+        match self.file.read_exact_at(&mut self.buf, self.at) {
+            Ok(()) => self.differs = self.buf != data,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => self.differs = true,
+            Err(e) => return Err(e),
+        }
+        // The first difference settles it: nothing more is read (review r42:
+        // the rest of the image's file was read all the same).
+        if self.differs {
+            return Err(std::io::Error::other("differs"));
         }
         self.at += data.len() as u64;
         Ok(data.len())

@@ -354,10 +354,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Storage that limits how many jobs write at once (a cairn server): asks once,
     /// waiting a few seconds at most, for this client's job slot. Granted is kept
     /// (the client keeps it alive) until [`Backend::release_job_slot`]. Other
-    /// storage has no such limit: granted.
+    /// storage keeps no slots: [`JobSlot::NotKept`].
     fn job_slot(&self, operation: &str, host: &str) -> Result<JobSlot> {
         let _ = (operation, host);
-        Ok(JobSlot::Granted)
+        Ok(JobSlot::NotKept)
     }
     /// The job is over: frees the slot (best effort; a server frees the slot of a
     /// client it stops hearing from anyway).
@@ -377,6 +377,9 @@ pub type JobReport = std::sync::Arc<dyn Fn() -> serde_json::Value + Send + Sync>
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobSlot {
     Granted,
+    /// The storage keeps no job slots (not a cairn server, or one from before
+    /// them): its clients queue among themselves by their locks.
+    NotKept,
     /// Not yet: `max` jobs may write at once; these run, and these wait ahead
     /// (each described for people: host, operation, since when).
     Queued {

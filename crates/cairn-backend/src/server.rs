@@ -1220,8 +1220,9 @@ impl Backend for ServerBackend {
             SMALL_ANSWER_MAX,
         ) {
             Ok((_, b)) => b,
-            // A server from before job slots: it limits nothing.
-            Err(e) if e.is_not_found() => return Ok(JobSlot::Granted),
+            // A server from before job slots: it limits nothing, and its
+            // clients queue by their locks.
+            Err(e) if e.is_not_found() => return Ok(JobSlot::NotKept),
             Err(e) => return Err(e),
         };
         let r: Reply =

@@ -125,15 +125,19 @@ enum Held {
 /// grants it at once.
 struct ServerSlot {
     backend: Arc<dyn cairn_backend::Backend>,
+    /// The storage keeps slots: this one (or its place in line) is given back.
+    kept: bool,
 }
 
 impl ServerSlot {
     /// Asks until granted, saying once (and again when the line changes) who is
-    /// ahead; the cancellation token ends the wait.
-    fn take(repo: &Repository, operation: &str, progress: &Progress) -> Result<ServerSlot> {
+    /// ahead; the cancellation token ends the wait. `None`: the storage keeps no
+    /// slots.
+    fn take(repo: &Repository, operation: &str, progress: &Progress) -> Result<Option<ServerSlot>> {
         // Made first: a wait that ends in an error or a cancellation leaves the line.
-        let slot = ServerSlot {
+        let mut slot = ServerSlot {
             backend: repo.backend().clone(),
+            kept: true,
         };
         let host = crate::repo::hostname();
         let mut told: Option<usize> = None;
@@ -144,7 +148,12 @@ impl ServerSlot {
                     let p = progress.clone();
                     slot.backend
                         .report_job_progress(std::sync::Arc::new(move || job_report(&p)));
-                    return Ok(slot);
+                    return Ok(Some(slot));
+                }
+                cairn_backend::JobSlot::NotKept => {
+                    // Nothing to give back.
+                    slot.kept = false;
+                    return Ok(None);
                 }
                 cairn_backend::JobSlot::Queued {
                     max,
@@ -205,7 +214,9 @@ fn job_report(p: &Progress) -> serde_json::Value {
 
 impl Drop for ServerSlot {
     fn drop(&mut self) {
-        self.backend.release_job_slot();
+        if self.kept {
+            self.backend.release_job_slot();
+        }
     }
 }
 
@@ -354,7 +365,18 @@ impl<A: Access> Session<A> {
             ));
         }
         let waiting = std::time::Instant::now();
+        // A cairn server keeps the datastore's job slots: its clients wait in
+        // its line, which it shows (metrics, the console, `GET .../slots`). A
+        // lock queue before it hid them (QA r41: four clients waited on locks
+        // while the server showed none queued), and one after it could wait for
+        // jobs queued behind it at the server. Other storage: by the locks.
+        let slot = if A::JOB_SLOT {
+            ServerSlot::take(&repo, operation, progress)?
+        } else {
+            None
+        };
         if A::JOB_SLOT
+            && slot.is_none()
             && let Held::Lock(l) = &held
         {
             let max = repo.config().max_concurrent_jobs;
@@ -386,11 +408,6 @@ impl<A: Access> Session<A> {
                 progress.notice(m);
             })?;
         }
-        let slot = if A::JOB_SLOT {
-            Some(ServerSlot::take(&repo, operation, progress)?)
-        } else {
-            None
-        };
         let slot_wait = waiting.elapsed();
         progress.phase(Phase::ListingSnapshots);
         let snapshot_ids = repo.list_snapshot_ids()?;

@@ -3710,7 +3710,7 @@ fn a_silent_clients_lock_is_deleted_so_the_next_job_does_not_wait() {
     env.ok(&["config", "--max-concurrent-jobs", "1"]);
     let src = env.path("src");
     random_files(&src, "f", 6, 1 << 20, 91);
-    let srv = Server::with_settings(&env, "job_idle_secs = 3\n");
+    let mut srv = Server::with_settings(&env, "job_idle_secs = 3\n");
     let (ta, tb) = (
         srv.token("ha", "main", "backup"),
         srv.token("hb", "main", "backup"),
@@ -3763,6 +3763,12 @@ fn a_silent_clients_lock_is_deleted_so_the_next_job_does_not_wait() {
     };
     assert!(b_status.success(), "{}", b_lines.all());
     assert_eq!(snapshot_count(&env), 1);
+    // B waited for the slot, which the server gives on at once; A's lock goes
+    // at the server's next look (every 3 s).
+    srv.lines
+        .as_mut()
+        .unwrap()
+        .wait_for("went silent for 3 s", Duration::from_secs(30));
     // A comes back: its lock is gone, so it commits nothing.
     kill(a_pid, Signal::SIGCONT).unwrap();
     let a_status = a.wait().unwrap();

@@ -900,6 +900,10 @@ $("sign-out").addEventListener("click", async () => {
   try {
     await signedIn(await api("GET", "/v1/session"));
   } catch (e) {
-    signedOut("");
+    // A session the server ended for a reason it knows (its token removed or
+    // expired) says so; one that is merely gone shows the form alone.
+    signedOut(
+      e.kind === "session_expired" && e.message.includes("this session signed in") ? e.message : "",
+    );
   }
 })();

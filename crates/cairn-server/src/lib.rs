@@ -816,14 +816,16 @@ fn sweep_removed_tokens(app: &Arc<App>) {
             let a = app.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 a.signins.retain(|who| match who {
-                    signin::Identity::Token(t) => !matches!(
-                        a.tokens.authenticate(t),
-                        Ok(None) | Err(tokens::TokenError::Expired { .. })
-                    ),
+                    signin::Identity::Token(t) => match a.tokens.authenticate(t) {
+                        Ok(None) | Err(tokens::TokenError::Expired { .. }) => {
+                            Err(signin::TOKEN_GONE)
+                        }
+                        _ => Ok(()),
+                    },
                     signin::Identity::User(name, hash) => match a.users.get(name) {
-                        Ok(Some(u)) => &u.hash == hash,
-                        Ok(None) => false,
-                        Err(_) => true,
+                        Ok(Some(u)) if &u.hash != hash => Err(signin::USER_GONE),
+                        Ok(None) => Err(signin::USER_GONE),
+                        _ => Ok(()),
                     },
                 })
             })

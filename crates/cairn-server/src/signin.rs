@@ -73,7 +73,19 @@ pub struct SignIns {
     max_age: Duration,
     /// [`MAX_SESSIONS`] (fewer in tests).
     max_sessions: usize,
+    /// Sessions [`Self::retain`] ended, with why, for the answer to their
+    /// cookie (QA r41: the sweep ended them within a second, and from then on
+    /// they heard only the generic "session ended"). At most [`MAX_SESSIONS`],
+    /// each kept for the sessions' longest life.
+    ended: Mutex<HashMap<String, (&'static str, Instant)>>,
 }
+
+/// Why a session of a token that was removed or expired ended.
+pub const TOKEN_GONE: &str =
+    "the token this session signed in with was removed or expired: sign in again";
+/// Why a session of a user that was removed, or whose password changed, ended.
+pub const USER_GONE: &str =
+    "the user this session signed in as was removed, or its password changed: sign in again";
 
 fn random_hex() -> String {
     hex::encode(cairn_format::envelope::random_bytes::<32>())
@@ -91,7 +103,28 @@ impl SignIns {
             idle,
             max_age,
             max_sessions: MAX_SESSIONS,
+            ended: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Ends session `id` for the reason `why`, which its cookie is then told.
+    pub fn end(&self, id: &str, why: &'static str) {
+        self.remove(id);
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if ended.len() < self.max_sessions {
+            ended.insert(id.to_string(), (why, Instant::now()));
+        }
+    }
+
+    /// Why session `id` ended, when [`Self::retain`] or [`Self::end`] ended it
+    /// lately.
+    pub fn ended(&self, id: &str) -> Option<&'static str> {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        // As long as the session could have lived: its cookie may come back
+        // any time until then.
+        let max_age = self.max_age;
+        ended.retain(|_, (_, at)| at.elapsed() < max_age);
+        ended.get(id).map(|(why, _)| *why)
     }
 
     pub fn idle(&self) -> Duration {
@@ -169,10 +202,11 @@ impl SignIns {
         Some((s.who.clone(), s.csrf.clone()))
     }
 
-    /// Ends every session whose identity `keep` refuses (a removed token or
-    /// user, a changed password), so that they stop counting at once, not when
-    /// they next are used or go idle. Returns how many ended.
-    pub fn retain(&self, keep: impl Fn(&Identity) -> bool) -> usize {
+    /// Ends every session whose identity `keep` refuses, with why (a removed
+    /// token or user, a changed password), so that they stop counting at once,
+    /// not when they next are used or go idle; their cookies are then answered
+    /// with why ([`Self::ended`]). Returns how many ended.
+    pub fn retain(&self, keep: impl Fn(&Identity) -> Result<(), &'static str>) -> usize {
         // Decided outside the lock (each answer reads the token or user file),
         // once per identity.
         let who: std::collections::HashSet<Identity> =
@@ -180,12 +214,30 @@ impl SignIns {
                 .values()
                 .map(|s| s.who.clone())
                 .collect();
-        let refused: std::collections::HashSet<Identity> =
-            who.into_iter().filter(|w| !keep(w)).collect();
+        let refused: HashMap<Identity, &'static str> = who
+            .into_iter()
+            .filter_map(|w| keep(&w).err().map(|why| (w, why)))
+            .collect();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let before = map.len();
-        map.retain(|_, s| self.live(s) && !refused.contains(&s.who));
-        before - map.len()
+        let mut gone = Vec::new();
+        map.retain(|id, s| match refused.get(&s.who) {
+            Some(why) => {
+                gone.push((id.clone(), *why));
+                false
+            }
+            None => self.live(s),
+        });
+        let n = before - map.len();
+        drop(map);
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, why) in gone {
+            if ended.len() >= self.max_sessions {
+                break;
+            }
+            ended.insert(id, (why, Instant::now()));
+        }
+        n
     }
 
     pub fn remove(&self, id: &str) {
@@ -237,7 +289,15 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
     let Some((who, csrf)) = app.signins.get(&id) else {
         // The page itself (and /metrics, /healthz) loads whatever the cookie: a
         // browser back after a restart must get the sign-in form, not an error.
-        if signing_in || !req.uri().path().starts_with("/v1/") {
+        if !req.uri().path().starts_with("/v1/") {
+            return next.run(req).await;
+        }
+        // Ended for a reason the server knows: said, on `/v1/session` too (the
+        // page asks there when it loads, and shows it beside the sign-in form).
+        if let Some(why) = app.signins.ended(&id) {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "session_expired", why).into_response();
+        }
+        if signing_in {
             return next.run(req).await;
         }
         return expired().into_response();
@@ -265,13 +325,9 @@ pub async fn cookie_auth(State(app): State<Arc<App>>, mut req: Request, next: Ne
             Ok(None) | Err(crate::tokens::TokenError::Expired { .. })
         )
     {
-        app.signins.remove(&id);
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "session_expired",
-            "the token this session signed in with was removed or expired: sign in again",
-        )
-        .into_response();
+        app.signins.end(&id, TOKEN_GONE);
+        return ApiError::new(StatusCode::UNAUTHORIZED, "session_expired", TOKEN_GONE)
+            .into_response();
     }
     let value = match who {
         Identity::Token(token) => format!("Bearer {token}"),
@@ -333,10 +389,14 @@ mod tests {
         // The newest are the ones kept.
         assert!(s.get(ids.last().unwrap()).is_some() && s.get(&ids[0]).is_none());
         assert!(s.get(&ann).is_some(), "another's session is untouched");
-        let ended = s.retain(|w| *w != flood);
+        let ended = s.retain(|w| if *w == flood { Err(TOKEN_GONE) } else { Ok(()) });
         assert_eq!(ended, MAX_PER_IDENTITY);
         assert!(s.get(ids.last().unwrap()).is_none());
         assert!(s.get(&ann).is_some());
+        // Its cookie is told why (QA r41: only "the session ended").
+        assert_eq!(s.ended(ids.last().unwrap()), Some(TOKEN_GONE));
+        assert_eq!(s.ended(&ids[0]), None, "ended before, for another reason");
+        assert_eq!(s.ended(&ann), None);
     }
 
     /// Full, a new sign-in ends the oldest session of whoever holds the most:

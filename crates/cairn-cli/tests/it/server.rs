@@ -4001,6 +4001,19 @@ fn a_console_session_works_by_cookie_with_csrf_and_ends() {
     let (code, _, _) = http_full(p, "GET", "/v1/whoami", &[("Cookie", &admin_cookie)], b"");
     assert_eq!(code, 200, "the admin's session lives on");
     assert!(env.repo.join("config").exists());
+    // And why, on every later request, the page's own look at its session
+    // included, whether the request or the server's sweep ended it (QA r41:
+    // the generic "session ended" once the sweep had run).
+    std::thread::sleep(Duration::from_secs(4));
+    for route in ["/v1/whoami", "/v1/session"] {
+        let (code, _, body) = http_full(p, "GET", route, &[c], b"");
+        assert_eq!(code, 401);
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            body.contains("the token this session signed in with was removed or expired"),
+            "{route}: {body}"
+        );
+    }
     srv.stop();
 }
 

@@ -974,18 +974,11 @@ impl ImageFs {
         opts: &FsRestoreOptions<'_>,
     ) -> Result<FsRestoreReport> {
         use std::os::unix::fs::OpenOptionsExt;
-        let &FsRestoreOptions {
-            overwrite,
-            write_limit,
-            xattrs,
-            list,
-            verify,
-            dry_run,
-        } = opts;
-        if dry_run {
+        if opts.dry_run {
             return self.plan_restore(path, target, opts);
         }
-        let limit = write_limit
+        let limit = opts
+            .write_limit
             .filter(|&r| r > 0)
             .map(cairn_backend::Limiter::new);
         let path = self.resolve(path, false)?;
@@ -1020,49 +1013,11 @@ impl ImageFs {
             .map(|&t| crate::ops::restore::unfinished::notice(target, t))
             .chain(not_marked)
             .collect();
-        let name = path
-            .rsplit('/')
-            .next()
-            .filter(|n| !n.is_empty() && *n != "." && *n != "..")
-            .unwrap_or("root");
-        // Hard links and extended attributes come from this crate's own inode
-        // reader (`ext4-view` shows neither); without it, files come back
-        // without them, and the report says so.
-        let (ext2, why_not) = match self.own() {
-            Ok(Some(fs)) => (Some(fs), String::new()),
-            Ok(None) => (
-                None,
-                "cairn's reader does not read this filesystem".to_string(),
-            ),
-            // `ext4-view` reads it: the files still come back, without these.
-            Err(e) => (None, e),
-        };
-        // The named entry itself, not what a final symlink points to: `path` has
-        // no symlink on the way ([`Self::resolve`]).
-        let top = match &ext2 {
-            Some(fs) => fs.lookup(&raw(&path)).map_err(|e| fs_err(&path, e))?,
-            None => None,
-        };
-        let mut r = FsRestore {
-            limit: limit.as_ref(),
-            overwrite,
-            unfinished_since,
-            unfinished: 0,
-            xattrs,
-            as_root: nix::unistd::geteuid().is_root(),
-            report: FsRestoreReport {
-                notes,
-                verified: verify.then_some(0),
-                ..Default::default()
-            },
-            ext2: ext2.as_ref(),
-            why_not,
-            links: std::collections::HashMap::new(),
-            guard: DirGuard::new(self.inodes_count()),
-            list,
-            fresh: false,
-            planned: Default::default(),
-        };
+        let (name, ext2, why_not, top) = self.restore_start(&path)?;
+        let mut r = FsRestore::new(opts, ext2.as_ref(), why_not, self.inodes_count());
+        r.limit = limit.as_ref();
+        r.unfinished_since = unfinished_since;
+        r.report.notes = notes;
         if ext2.is_none() {
             r.report.warnings.push(format!(
                 "hard links and extended attributes were not restored: {}",
@@ -1073,9 +1028,9 @@ impl ImageFs {
         self.restore_one(
             &path,
             &root,
-            &raw(name),
-            &target.join(std::ffi::OsStr::from_bytes(&raw(name))),
-            top.map(|(n, _)| n),
+            &raw(&name),
+            &target.join(std::ffi::OsStr::from_bytes(&raw(&name))),
+            top,
             None,
             &mut r,
         )
@@ -1108,6 +1063,46 @@ impl ImageFs {
             ));
         }
         Ok(r.report)
+    }
+
+    /// What a restore of `path` (resolved) starts from: the name it is restored
+    /// under (`root` for `/`), this crate's own inode reader, or why there is
+    /// none, and the inode number of the entry itself.
+    #[allow(clippy::type_complexity)]
+    fn restore_start(
+        &self,
+        path: &str,
+    ) -> Result<(
+        String,
+        Option<super::blockmap::Ext2<'_>>,
+        String,
+        Option<u32>,
+    )> {
+        let name = path
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+            .unwrap_or("root")
+            .to_string();
+        // Hard links and extended attributes come from this crate's own inode
+        // reader (`ext4-view` shows neither); without it, files come back
+        // without them, and the report says so.
+        let (ext2, why_not) = match self.own() {
+            Ok(Some(fs)) => (Some(fs), String::new()),
+            Ok(None) => (
+                None,
+                "cairn's reader does not read this filesystem".to_string(),
+            ),
+            // `ext4-view` reads it: the files still come back, without these.
+            Err(e) => (None, e),
+        };
+        // The named entry itself, not what a final symlink points to: `path` has
+        // no symlink on the way ([`Self::resolve`]).
+        let top = match &ext2 {
+            Some(fs) => fs.lookup(&raw(path)).map_err(|e| fs_err(path, e))?,
+            None => None,
+        };
+        Ok((name, ext2, why_not, top.map(|(n, _)| n)))
     }
 
     /// `restore --dry-run`: what [`Self::restore`] would do with `path` and the
@@ -1143,46 +1138,13 @@ impl ImageFs {
         let notes = (unfinished_since.iter())
             .map(|&t| crate::ops::restore::unfinished::notice(target, t))
             .collect();
-        let name = path
-            .rsplit('/')
-            .next()
-            .filter(|n| !n.is_empty() && *n != "." && *n != "..")
-            .unwrap_or("root");
-        let (ext2, why_not) = match self.own() {
-            Ok(Some(fs)) => (Some(fs), String::new()),
-            Ok(None) => (
-                None,
-                "cairn's reader does not read this filesystem".to_string(),
-            ),
-            Err(e) => (None, e),
-        };
-        let top = match &ext2 {
-            Some(fs) => fs.lookup(&raw(&path)).map_err(|e| fs_err(&path, e))?,
-            None => None,
-        };
-        let mut r = FsRestore {
-            limit: None,
-            overwrite: opts.overwrite,
-            unfinished_since,
-            unfinished: 0,
-            xattrs: opts.xattrs,
-            as_root: nix::unistd::geteuid().is_root(),
-            report: FsRestoreReport {
-                notes,
-                // With `--verify` the restore keeps a file only when its bytes
-                // match: so does the dry run, which compares them too (review
-                // r42: it said it would leave a file the restore rewrites).
-                verified: opts.verify.then_some(0),
-                ..Default::default()
-            },
-            ext2: ext2.as_ref(),
-            why_not,
-            links: std::collections::HashMap::new(),
-            guard: DirGuard::new(self.inodes_count()),
-            list: opts.list,
-            fresh: false,
-            planned: Default::default(),
-        };
+        let (name, ext2, why_not, top) = self.restore_start(&path)?;
+        // With `--verify` the restore keeps a file only when its bytes match:
+        // so does the dry run, which compares them too (review r42: it said it
+        // would leave a file the restore rewrites).
+        let mut r = FsRestore::new(opts, ext2.as_ref(), why_not, self.inodes_count());
+        r.unfinished_since = unfinished_since;
+        r.report.notes = notes;
         if ext2.is_none() {
             r.report.warnings.push(format!(
                 "hard links and extended attributes would not be restored: {}",
@@ -1192,9 +1154,9 @@ impl ImageFs {
         self.plan_one(
             &path,
             root.as_ref().map(|f| f.as_fd()),
-            &raw(name),
-            &target.join(std::ffi::OsStr::from_bytes(&raw(name))),
-            top.map(|(n, _)| n),
+            &raw(&name),
+            &target.join(std::ffi::OsStr::from_bytes(&raw(&name))),
+            top,
             None,
             &mut r,
         )?;
@@ -2241,6 +2203,37 @@ struct FsRestore<'a> {
     /// met, with the target's file kept for it (`None`: it would be written).
     /// With the names of it still to come (as [`FirstLink::left`]).
     planned: std::collections::HashMap<u32, (Option<(u64, u64)>, u32)>,
+}
+
+impl<'a> FsRestore<'a> {
+    /// A restore's state as `opts` says, before the walk (`inodes`: the
+    /// filesystem's inode count, which bounds the directories it enters).
+    fn new(
+        opts: &FsRestoreOptions<'a>,
+        ext2: Option<&'a super::blockmap::Ext2<'a>>,
+        why_not: String,
+        inodes: Option<u32>,
+    ) -> FsRestore<'a> {
+        FsRestore {
+            limit: None,
+            overwrite: opts.overwrite,
+            unfinished_since: None,
+            unfinished: 0,
+            xattrs: opts.xattrs,
+            as_root: nix::unistd::geteuid().is_root(),
+            report: FsRestoreReport {
+                verified: opts.verify.then_some(0),
+                ..Default::default()
+            },
+            ext2,
+            why_not,
+            links: std::collections::HashMap::new(),
+            guard: DirGuard::new(inodes),
+            list: opts.list,
+            fresh: false,
+            planned: Default::default(),
+        }
+    }
 }
 
 impl FsRestore<'_> {

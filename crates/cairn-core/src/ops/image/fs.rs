@@ -1249,44 +1249,12 @@ impl ImageFs {
                     None
                 }
             };
-            let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
-                (Some(fs), Some(d)) => match fs.entries(d) {
-                    Ok(e) => e.into_iter().collect(),
-                    Err(e) => {
-                        let why = format!(
-                            "{}: hard links and extended attributes below it would not be \
-                             restored: {e}",
-                            shown.display()
-                        );
-                        r.report.fail(shown, why);
-                        Default::default()
-                    }
-                },
-                _ => Default::default(),
-            };
-            let children = self.children(path, r.ext2.zip(inode.as_ref()))?;
-            let repeated = repeated_names(&children, &mut inos);
-            for c in children {
+            for (c, ino) in self.to_restore(path, inode.as_ref(), shown, r, true)? {
                 self.check_cancelled()?;
                 let child_shown = shown.join(std::ffi::OsStr::from_bytes(&c.raw));
-                let meta = match c.meta {
-                    Ok(_) if repeated.contains(&c.raw) => Err(Error::Invalid(format!(
-                        "{}: corrupt filesystem: the directory holds this name more than \
-                         once; which entry is meant cannot be told, so none would be restored",
-                        c.path
-                    ))),
-                    m => m,
-                };
-                let done = meta.and_then(|m| {
-                    self.plan_one(
-                        &c.path,
-                        sub.as_ref().map(|f| f.as_fd()),
-                        &c.raw,
-                        &child_shown,
-                        inos.get(&c.raw).copied(),
-                        Some(m),
-                        r,
-                    )
+                let done = c.meta.and_then(|m| {
+                    let dir = sub.as_ref().map(|f| f.as_fd());
+                    self.plan_one(&c.path, dir, &c.raw, &child_shown, ino, Some(m), r)
                 });
                 match done {
                     Err(Error::Cancelled) => return Err(Error::Cancelled),
@@ -1581,53 +1549,14 @@ impl ImageFs {
                     r.made(e.is_some(), shown, 0);
                 }
             }
-            let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, &inode) {
-                (Some(fs), Some(d)) => match fs.entries(d) {
-                    Ok(e) => e.into_iter().collect(),
-                    Err(e) => {
-                        let why = format!(
-                            "{}: hard links and extended attributes below it not restored: {e}",
-                            shown.display()
-                        );
-                        r.report.fail(shown, why);
-                        Default::default()
-                    }
-                },
-                _ => Default::default(),
-            };
-            let children = self.children(path, r.ext2.zip(inode.as_ref()))?;
-            // A name held twice: which entry this crate's reader takes is not
-            // known to be the one `ext4-view` reads, so its inode (hard links,
-            // attributes, content) is not taken from here (pentest: the content
-            // of another file was restored under the name).
-            // Nor is it restored from its first entry: `ext4-view` may read the
-            // content of another (review: in a directory with an index, its
-            // lookup by name finds whichever entry the index names).
-            let repeated = repeated_names(&children, &mut inos);
             // An entry that cannot be restored is reported, and the directory's
             // other entries are restored (as a restore of a file snapshot does).
-            for c in children {
+            for (c, ino) in self.to_restore(path, inode.as_ref(), shown, r, false)? {
                 self.check_cancelled()?;
                 let child_shown = shown.join(std::ffi::OsStr::from_bytes(&c.raw));
-                let meta = match c.meta {
-                    Ok(_) if repeated.contains(&c.raw) => Err(Error::Invalid(format!(
-                        "{}: corrupt filesystem: the directory holds this name more than \
-                         once; which entry is meant cannot be told, so none is restored",
-                        c.path
-                    ))),
-                    m => m,
-                };
-                let done = meta.and_then(|m| {
+                let done = c.meta.and_then(|m| {
                     r.fresh = made_here;
-                    self.restore_one(
-                        &c.path,
-                        &sub,
-                        &c.raw,
-                        &child_shown,
-                        inos.get(&c.raw).copied(),
-                        Some(m),
-                        r,
-                    )
+                    self.restore_one(&c.path, &sub, &c.raw, &child_shown, ino, Some(m), r)
                 });
                 match done {
                     Err(Error::Cancelled) => return Err(Error::Cancelled),
@@ -2045,6 +1974,62 @@ impl ImageFs {
             }
         }
         made
+    }
+
+    /// The entries of directory `path` (`inode`, as this crate's reader found
+    /// it; `shown`: where it is restored) a restore walks, each with its inode
+    /// number from that reader. A name held twice comes with an error: which
+    /// entry this crate's reader takes is not known to be the one `ext4-view`
+    /// reads, so its inode (hard links, attributes, content) is not taken from
+    /// here (pentest: the content of another file was restored under the
+    /// name); nor is it restored from its first entry: `ext4-view` may read the
+    /// content of another (review: in a directory with an index, its lookup by
+    /// name finds whichever entry the index names). Inode numbers that cannot
+    /// be listed fail the directory's entry in `r` (`would`: a dry run's words).
+    fn to_restore(
+        &self,
+        path: &str,
+        inode: Option<&super::blockmap::Inode>,
+        shown: &Path,
+        r: &mut FsRestore<'_>,
+        would: bool,
+    ) -> Result<Vec<(Child, Option<u32>)>> {
+        let mut inos: std::collections::HashMap<Vec<u8>, u32> = match (r.ext2, inode) {
+            (Some(fs), Some(d)) => match fs.entries(d) {
+                Ok(e) => e.into_iter().collect(),
+                Err(e) => {
+                    let why = format!(
+                        "{}: hard links and extended attributes below it {}: {e}",
+                        shown.display(),
+                        if would {
+                            "would not be restored"
+                        } else {
+                            "not restored"
+                        }
+                    );
+                    r.report.fail(shown, why);
+                    Default::default()
+                }
+            },
+            _ => Default::default(),
+        };
+        let children = self.children(path, r.ext2.zip(inode))?;
+        let repeated = repeated_names(&children, &mut inos);
+        Ok(children
+            .into_iter()
+            .map(|mut c| {
+                if c.meta.is_ok() && repeated.contains(&c.raw) {
+                    c.meta = Err(Error::Invalid(format!(
+                        "{}: corrupt filesystem: the directory holds this name more than \
+                         once; which entry is meant cannot be told, so none {} restored",
+                        c.path,
+                        if would { "would be" } else { "is" }
+                    )));
+                }
+                let ino = inos.get(&c.raw).copied();
+                (c, ino)
+            })
+            .collect())
     }
 
     /// A directory's entries (without `.` and `..`) in name order: their paths,

@@ -1757,31 +1757,38 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
     // just before it, whose blobs the run's loaded index does not hold (QA r40:
     // every block changed, for all of them). The first has no parent; the
     // second is the first grown from 1 MiB (256 blocks of 4K) to 1282 blocks.
-    let dst2 = Env::new();
-    dst2.init(&["--block-size", "4K"]);
-    let o = dst2
-        .cmd(&["copy", "--from", &src_env.location])
+    let dst2 = copied_whole_at_4k(&src_env);
+    assert_eq!(
+        image_counts(&dst2, "blocks_changed"),
+        [256, 1282 - 256, 3, 0]
+    );
+    // The fourth is the third's tree again (nothing cut): its zero blocks are
+    // the third's.
+    assert_eq!(image_counts(&dst2, "blocks_zero"), [0, 256, 256, 256]);
+}
+
+/// A new repository of 4 KiB blocks holding a copy of every snapshot of `src`,
+/// made in one run.
+fn copied_whole_at_4k(src: &Env) -> Env {
+    let dst = Env::new();
+    dst.init(&["--block-size", "4K"]);
+    let o = dst
+        .cmd(&["copy", "--from", &src.location])
         .env("CAIRN_FROM_PASSWORD", PASSWORD)
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
-    let all: serde_json::Value = serde_json::from_str(&dst2.ok(&["snapshots", "--json"])).unwrap();
-    let changed: Vec<u64> = all
-        .as_array()
+    dst
+}
+
+/// The image figure `key` of each snapshot of `env`, oldest first.
+fn image_counts(env: &Env, key: &str) -> Vec<u64> {
+    let all: serde_json::Value = serde_json::from_str(&env.ok(&["snapshots", "--json"])).unwrap();
+    all.as_array()
         .unwrap()
         .iter()
-        .map(|s| s["image"]["blocks_changed"].as_u64().unwrap())
-        .collect();
-    assert_eq!(changed, [256, 1282 - 256, 3, 0], "{all}");
-    // The fourth is the third's tree again (nothing cut): its zero blocks are
-    // the third's.
-    let zeros: Vec<u64> = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["image"]["blocks_zero"].as_u64().unwrap())
-        .collect();
-    assert_eq!(zeros, [0, 256, 256, 256], "{all}");
+        .map(|s| s["image"][key].as_u64().unwrap_or_else(|| panic!("{all}")))
+        .collect()
 }
 
 /// Two disks' snapshots copied in one run into another block size, one disk's
@@ -1800,22 +1807,8 @@ fn copied_image_snapshots_of_two_disks_in_one_run_count_against_their_own_parent
     change(&a, &mut da, &[(100_000, 100)], 53);
     backup_image(&src, &a, &[]);
     backup_image(&src, &b, &[]);
-    let dst = Env::new();
-    dst.init(&["--block-size", "4K"]);
-    let o = dst
-        .cmd(&["copy", "--from", &src.location])
-        .env("CAIRN_FROM_PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
-    let changed: Vec<u64> = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["image"]["blocks_changed"].as_u64().unwrap())
-        .collect();
-    assert_eq!(changed, [512, 512, 1, 0], "{all}");
+    let dst = copied_whole_at_4k(&src);
+    assert_eq!(image_counts(&dst, "blocks_changed"), [512, 512, 1, 0]);
 }
 
 /// Through `cairn serve` (TLS, a backup token): a full image, then a changed-block

@@ -2438,6 +2438,62 @@ fn image_fs_restore_dry_run_counts_what_the_restore_does_and_writes_nothing() {
     assert_eq!(state(&out), before);
 }
 
+/// A hard-linked file whose first name `never` or `if-newer` keeps while it
+/// holds something else: the other names are written as a file of their own,
+/// with the image's bytes, and said so, as a restore of files does (QA r43:
+/// they became links to the kept file, its bytes, exit 0). The dry run says
+/// the same.
+#[test]
+fn image_fs_names_of_a_file_whose_first_name_is_kept_apart_get_the_images_bytes() {
+    let env = Env::new();
+    env.init(&[]);
+    let tree = env.path("tree");
+    fs::create_dir_all(tree.join("d1")).unwrap();
+    fs::create_dir_all(tree.join("d2")).unwrap();
+    let data = Rng(61).bytes(300_000, false);
+    fs::write(tree.join("d1/a.bin"), &data).unwrap();
+    fs::hard_link(tree.join("d1/a.bin"), tree.join("d2/a.hard")).unwrap();
+    let snap = ext4_image_snapshot(&env, &tree, &[]);
+    for mode in ["never", "if-newer"] {
+        let out = env.path(&format!("out-{mode}"));
+        fs::create_dir_all(out.join("root/d1")).unwrap();
+        // Someone else's file, newer, where the first name goes.
+        fs::write(out.join("root/d1/a.bin"), b"theirs").unwrap();
+        let args = |extra: &[&'static str]| {
+            let mut a = vec!["restore", &snap, "--image-fs", "/", "--overwrite", mode];
+            a.extend_from_slice(extra);
+            a.push("--target");
+            a.push(out.to_str().unwrap());
+            a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        };
+        let run = |extra: &[&'static str]| {
+            let a = args(extra);
+            env.run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let dry = run(&["--dry-run", "--json"]);
+        let real = run(&["--json"]);
+        let err = String::from_utf8_lossy(&real.stderr);
+        assert_eq!(real.status.code(), Some(3), "{mode}: {err}");
+        assert!(
+            err.contains("d2/a.hard: restored as a file of its own"),
+            "{mode}: {err}"
+        );
+        assert_eq!(
+            fs::read(out.join("root/d2/a.hard")).unwrap(),
+            data,
+            "{mode}"
+        );
+        assert_eq!(fs::read(out.join("root/d1/a.bin")).unwrap(), b"theirs");
+        let (dry, real): (serde_json::Value, serde_json::Value) = (
+            serde_json::from_slice(&dry.stdout).unwrap(),
+            serde_json::from_slice(&real.stdout).unwrap(),
+        );
+        for k in ["files", "hardlinks", "kept", "warnings"] {
+            assert_eq!(dry[k], real[k], "{mode} {k}: {dry} {real}");
+        }
+    }
+}
+
 /// `restore --image-fs -v` lists each entry as a restore of a file snapshot
 /// does (it was refused): restored the first time, unchanged when run again,
 /// updated once a file was changed in the target; an image restore with -v is

@@ -1336,7 +1336,11 @@ impl ImageFs {
                 if let (Some(n), Some(i)) = (linked, &inode)
                     && st.kind() == kind
                 {
-                    r.plan_first_link(n, i, Some(st.id()), shown);
+                    if looks_like_image(st, &meta) {
+                        r.plan_first_link(n, i, Some(st.id()), shown);
+                    } else {
+                        r.kept_apart.insert(n, shown.to_path_buf());
+                    }
                 }
                 return Ok(());
             }
@@ -1347,6 +1351,13 @@ impl ImageFs {
                     if ft.is_symlink() { "symlink" } else { "file" }
                 )));
             }
+        }
+        if let Some(kept) = linked.and_then(|n| r.kept_apart.remove(&n)) {
+            r.report.warnings.push(format!(
+                "{}: {}",
+                shown.display(),
+                crate::ops::restore::own_file_warning(&kept)
+            ));
         }
         if let (Some(n), Some(i)) = (linked, &inode) {
             r.plan_first_link(n, i, None, shown);
@@ -1653,11 +1664,18 @@ impl ImageFs {
                 r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
                 // The file kept is what the file's other names are linked to
                 // (QA: a name that was a copy stayed one, and the restore then
-                // said the other names were outside the restored directory).
+                // said the other names were outside the restored directory),
+                // when it looks like the image's file: one `never` or
+                // `if-newer` kept whatever it holds is not (QA r43: the other
+                // names became links to someone else's file).
                 if let (Some(n), Some(i)) = (linked, &inode)
                     && same_kind
                 {
-                    self.first_link(n, i, dir_fd, cname, st.id(), shown, r);
+                    if looks_like_image(st, &meta) {
+                        self.first_link(n, i, dir_fd, cname, st.id(), shown, r);
+                    } else {
+                        r.kept_apart.insert(n, shown.to_path_buf());
+                    }
                 }
                 return Ok(());
             }
@@ -1703,6 +1721,13 @@ impl ImageFs {
             return Ok(());
         }
         let f = target::create_file(dir, &cname).map_err(io)?;
+        if let Some(kept) = linked.and_then(|n| r.kept_apart.remove(&n)) {
+            r.report.warnings.push(format!(
+                "{}: {}",
+                shown.display(),
+                crate::ops::restore::own_file_warning(&kept)
+            ));
+        }
         // Until its content is whole, the file is this restore's unfinished work.
         r.unfinished += 1;
         let mut w = Sparse {
@@ -2188,6 +2213,10 @@ struct FsRestore<'a> {
     /// met, with the target's file kept for it (`None`: it would be written).
     /// With the names of it still to come (as [`FirstLink::left`]).
     planned: std::collections::HashMap<u32, (Option<(u64, u64)>, u32)>,
+    /// Hard-linked files whose first name was kept as it is (`--overwrite`)
+    /// while it does not look like the image's file: where it is. The next
+    /// name is written as a file of its own, and said so.
+    kept_apart: std::collections::HashMap<u32, std::path::PathBuf>,
 }
 
 impl<'a> FsRestore<'a> {
@@ -2217,6 +2246,7 @@ impl<'a> FsRestore<'a> {
             list: opts.list,
             fresh: false,
             planned: Default::default(),
+            kept_apart: Default::default(),
         }
     }
 }
@@ -2311,6 +2341,14 @@ impl FsRestore<'_> {
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
         crate::ops::restore::overwrite_effective(self.overwrite, self.unfinished_since, st)
     }
+}
+
+/// Whether the existing file `st` looks like the image's file `meta`: its size
+/// and modification time (what `if-changed` goes by), so that the file's other
+/// names may be made links to it.
+fn looks_like_image(st: &crate::ops::restore::sys::Stat, meta: &ext4_view::Metadata) -> bool {
+    let m = meta.modified();
+    st.size == meta.len() && st.mtime == (m.seconds(), m.nanoseconds())
 }
 
 /// Lists the entry `shown` (`restore -v`, when `list`) as restored where

@@ -61,7 +61,7 @@ use target::{Dir, DirNode, c_name};
 
 /// The warning for a hard link's name written as a file of its own because
 /// `kept`, an earlier name of it, was kept as it is (the restore and its dry run).
-pub(super) fn own_file_warning(kept: &std::path::Path) -> String {
+pub(crate) fn own_file_warning(kept: &std::path::Path) -> String {
     format!(
         "restored as a file of its own: {}, another name of this file in the snapshot, \
          was kept as it is (--overwrite) and does not look like the snapshot's content",

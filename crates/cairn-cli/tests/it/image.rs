@@ -1791,6 +1791,35 @@ fn image_counts(env: &Env, key: &str) -> Vec<u64> {
         .collect()
 }
 
+/// A parent copied in an earlier run, its unchanged child and a changed
+/// grandchild copied together: the grandchild counts against the child, whose
+/// image is the stored parent's (QA r43: every block changed).
+#[test]
+fn a_copied_image_counts_against_an_unchanged_parent_copied_in_the_same_run() {
+    let src = Env::new();
+    src.init(&["--block-size", "16K"]);
+    let img = src.path("vm.img");
+    let mut data = Rng(71).bytes(2 * MIB, false);
+    fs::write(&img, &data).unwrap();
+    let first = backup_image(&src, &img, &[]);
+    backup_image(&src, &img, &[]);
+    change(&img, &mut data, &[(100_000, 100)], 72);
+    backup_image(&src, &img, &[]);
+    let dst = Env::new();
+    dst.init(&["--block-size", "4K"]);
+    for only in [Some(first["snapshot_id"].as_str().unwrap()), None] {
+        let mut args = vec!["copy", "--from", &src.location];
+        args.extend(only);
+        let o = dst
+            .cmd(&args)
+            .env("CAIRN_FROM_PASSWORD", PASSWORD)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+    }
+    assert_eq!(image_counts(&dst, "blocks_changed"), [512, 0, 1]);
+}
+
 /// Two disks' snapshots copied in one run into another block size, one disk's
 /// between the other's: each counts its blocks against its own parent's copy
 /// (review r42: only the image copied just before was remembered).

@@ -867,7 +867,10 @@ struct RunImage {
     /// Its tree here, as hex.
     tree: String,
     content: Content,
-    blocks: Option<Arc<Vec<u64>>>,
+    /// Where its blocks are read from: kept in memory, or the list of an image
+    /// stored before the run whose content it is (QA r43: an unchanged copy of
+    /// such a parent kept no blocks, and its child counted every block).
+    blocks: ParentBlocks,
     zeros: u64,
 }
 
@@ -886,17 +889,21 @@ fn keep_run_image(runs: &mut std::collections::VecDeque<RunImage>, image: RunIma
     }
     let mut kept = 0u64;
     for r in runs.iter_mut().rev() {
-        let n = r.blocks.as_ref().map_or(0, |b| b.len() as u64);
-        if kept + n > RUN_IMAGE_BLOCKS {
-            r.blocks = None;
-        } else {
-            kept += n;
+        if let ParentBlocks::InRun(Some(b)) = &r.blocks {
+            let n = b.len() as u64;
+            if kept + n > RUN_IMAGE_BLOCKS {
+                r.blocks = ParentBlocks::InRun(None);
+            } else {
+                kept += n;
+            }
         }
     }
 }
 
-/// The most images a run remembers ([`Copier::run_images`]).
-const RUN_IMAGES: usize = 64;
+/// The most images a run remembers ([`Copier::run_images`]): a few hundred
+/// bytes each, besides the blocks (QA r43: 64 forgot parents in a run copying
+/// a fleet's days).
+const RUN_IMAGES: usize = 4096;
 
 /// Copies one snapshot's trees: the walk's visitor.
 struct TreeCopy<'c, 'a> {
@@ -1046,7 +1053,7 @@ impl Copier<'_> {
             return Ok(Some(ParentImage {
                 content: run.content.clone(),
                 zeros: run.zeros,
-                blocks: ParentBlocks::InRun(run.blocks.clone()),
+                blocks: run.blocks.clone(),
             }));
         }
         let known = crate::lock(&self.copies).get(parent).copied();
@@ -1219,15 +1226,15 @@ impl Copier<'_> {
             // against its blocks.
             let (blocks, zeros) = match (&cut.parent, earlier) {
                 _ if cut.rechunked => (
-                    cut.blocks.take(),
+                    ParentBlocks::InRun(cut.blocks.take()),
                     self.image_zero_blocks.load(Ordering::Relaxed),
                 ),
                 (_, Some((_, b, z))) => (b, z),
-                (Some(p), None) if same_as_parent => match &p.blocks {
-                    ParentBlocks::InRun(b) => (b.clone(), p.zeros),
-                    ParentBlocks::Stored(_) => (None, p.zeros),
-                },
-                _ => (None, self.image_zero_blocks.load(Ordering::Relaxed)),
+                (Some(p), None) if same_as_parent => (p.blocks.clone(), p.zeros),
+                _ => (
+                    ParentBlocks::InRun(None),
+                    self.image_zero_blocks.load(Ordering::Relaxed),
+                ),
             };
             info.blocks_zero = zeros;
             if let Some(content) = cut.content {

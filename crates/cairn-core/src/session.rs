@@ -177,9 +177,15 @@ impl ServerSlot {
                                 ahead.len()
                             ),
                         };
-                        for j in running.iter().chain(&ahead).take(max as usize + 2) {
+                        let shown = max as usize + 2;
+                        for j in running.iter().chain(&ahead).take(shown) {
                             m.push_str("\n  ");
                             m.push_str(j);
+                        }
+                        // QA r43: "5 queued ahead" and 3 listed, said as all.
+                        let left = (running.len() + ahead.len()).saturating_sub(shown);
+                        if left > 0 {
+                            m.push_str(&format!("\n  (and {left} more)"));
                         }
                         if !running.is_empty() {
                             m.push_str(
@@ -391,9 +397,13 @@ impl<A: Access> Session<A> {
                         format!("{} backup jobs are", ahead.len())
                     }
                 );
-                for j in ahead.iter().take(max as usize + 2) {
+                let shown = max as usize + 2;
+                for j in ahead.iter().take(shown) {
                     m.push_str("\n  ");
                     m.push_str(&j.describe());
+                }
+                if ahead.len() > shown {
+                    m.push_str(&format!("\n  (and {} more)", ahead.len() - shown));
                 }
                 // A job whose machine died holds its place until its lock goes
                 // stale: said, so that the wait is not a mystery (QA).

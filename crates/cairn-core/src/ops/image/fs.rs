@@ -1053,14 +1053,7 @@ impl ImageFs {
         }
         // A file leaves `links` once its last name is made.
         if !r.links.is_empty() && path != "/" {
-            // Names outside the restored tree: nothing to do, but worth knowing.
-            r.report.notes.push(format!(
-                "{} names outside {path} (not restored)",
-                match r.links.len() {
-                    1 => "1 hard-linked file has".to_string(),
-                    n => format!("{n} hard-linked files have"),
-                }
-            ));
+            r.report.notes.push(outside_names(r.links.len(), &path));
         }
         Ok(r.report)
     }
@@ -1132,6 +1125,12 @@ impl ImageFs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io(target, e)),
         };
+        // What the restore would fail on at once, the dry run says too, as a
+        // dry run of files does (QA r43): the target, or where it would be
+        // made, must be writable.
+        use crate::ops::restore::survey;
+        let place = survey::where_it_would_be_made(target);
+        survey::writable(&place).map_err(|e| Error::io(target, e))?;
         let unfinished_since = root
             .as_ref()
             .and_then(|r| crate::ops::restore::unfinished::since(r.as_fd()));
@@ -1160,9 +1159,22 @@ impl ImageFs {
             None,
             &mut r,
         )?;
-        // Nothing was written to read back.
+        // Nothing was written to read back (what is kept unread is counted).
         r.report.verified = None;
-        r.report.not_verified = 0;
+        if !r.planned.is_empty() && path != "/" {
+            r.report.notes.push(outside_names(r.planned.len(), &path));
+        }
+        if let Some(free) = survey::free_bytes(&place)
+            && r.report.bytes > free
+        {
+            r.report.notes.push(format!(
+                "the file system of {} has {} free, and this restore would write {}: it \
+                 stops when the disk is full (files with holes take less)",
+                target.display(),
+                crate::units::bytes(free, 1),
+                crate::units::bytes(r.report.bytes, 1)
+            ));
+        }
         Ok(r.report)
     }
 
@@ -1332,6 +1344,13 @@ impl ImageFs {
         if let (Some(st), Some(d)) = (&existing, dir) {
             if self.keeps(r, st, kind, &meta, inode.as_ref(), d, &cname, path, shown)? {
                 r.report.kept += 1;
+                if r.verifies()
+                    && kind == libc::S_IFREG
+                    && st.kind() == kind
+                    && r.overwrite_for(st) != Overwrite::IfChanged
+                {
+                    r.report.not_verified += 1;
+                }
                 r.listed(crate::progress::FileAction::Unchanged, shown, st.size);
                 if let (Some(n), Some(i)) = (linked, &inode)
                     && st.kind() == kind
@@ -2341,6 +2360,18 @@ impl FsRestore<'_> {
     fn overwrite_for(&self, st: &crate::ops::restore::sys::Stat) -> crate::ops::restore::Overwrite {
         crate::ops::restore::overwrite_effective(self.overwrite, self.unfinished_since, st)
     }
+}
+
+/// The note for `n` hard-linked files restored from `path` whose other names
+/// lie outside it: nothing to do, but worth knowing.
+fn outside_names(n: usize, path: &str) -> String {
+    format!(
+        "{} names outside {path} (not restored)",
+        match n {
+            1 => "1 hard-linked file has".to_string(),
+            n => format!("{n} hard-linked files have"),
+        }
+    )
 }
 
 /// Whether the existing file `st` looks like the image's file `meta`: its size

@@ -30,7 +30,7 @@ pub(crate) mod metadata;
 mod overwrite;
 mod plan;
 mod run;
-mod survey;
+pub(crate) mod survey;
 pub(crate) mod sys;
 pub(crate) mod target;
 pub(crate) mod unfinished;

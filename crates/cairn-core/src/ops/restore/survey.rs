@@ -467,7 +467,7 @@ pub(super) fn dry_run(
 
 /// The target if it exists, else the nearest directory above it that does (where
 /// the restore would make it).
-fn where_it_would_be_made(target: &std::path::Path) -> PathBuf {
+pub(crate) fn where_it_would_be_made(target: &std::path::Path) -> PathBuf {
     let mut p = target.to_path_buf();
     loop {
         if std::fs::symlink_metadata(&p).is_ok() {
@@ -482,7 +482,7 @@ fn where_it_would_be_made(target: &std::path::Path) -> PathBuf {
 
 /// Whether this process may write into `dir` (a read-only file system is refused
 /// even to root).
-fn writable(dir: &std::path::Path) -> std::io::Result<()> {
+pub(crate) fn writable(dir: &std::path::Path) -> std::io::Result<()> {
     use nix::unistd::AccessFlags;
     nix::unistd::faccessat(
         nix::fcntl::AT_FDCWD,
@@ -494,7 +494,7 @@ fn writable(dir: &std::path::Path) -> std::io::Result<()> {
 }
 
 /// The bytes an unprivileged writer may still use on `dir`'s file system.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+pub(crate) fn free_bytes(dir: &std::path::Path) -> Option<u64> {
     let v = nix::sys::statvfs::statvfs(dir).ok()?;
     Some((v.blocks_available() as u64).saturating_mul(v.fragment_size() as u64))
 }

@@ -34,7 +34,7 @@ pub fn server_config(
     self_signed: bool,
 ) -> Result<(Arc<rustls::ServerConfig>, String, Arc<CertSource>), TlsError> {
     if self_signed && !cert.exists() {
-        make_self_signed(cert, key)?;
+        make_self_signed_once(cert, key)?;
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let source = Arc::new(CertSource::open(cert, key, provider.clone())?);
@@ -293,6 +293,35 @@ pub fn expiry_warning(cert: &Path, not_after: Option<i64>, now: i64) -> Option<S
     }
 }
 
+/// [`make_self_signed`] unless another server made the pair meanwhile: under a
+/// lock beside the key, so that two servers started together on one new state
+/// directory make one pair (QA r43: one of them stopped with "key.pem: File
+/// exists"). A key without its certificate is what a generation cut short
+/// left (the key is written first): made again.
+fn make_self_signed_once(cert: &Path, key: &Path) -> Result<(), TlsError> {
+    if let Some(dir) = cert.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
+    }
+    let lock_path = key.with_extension("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| file_err(&lock_path, e))?;
+    let _held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| file_err(&lock_path, std::io::Error::from(e)))?;
+    if cert.exists() {
+        return Ok(());
+    }
+    match std::fs::remove_file(key) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(file_err(key, e)),
+    }
+    make_self_signed(cert, key)
+}
+
 /// A self-signed certificate for `localhost`, the loopback addresses and this
 /// machine's host name; the key file is readable by its owner only.
 fn make_self_signed(cert: &Path, key: &Path) -> Result<(), TlsError> {
@@ -325,7 +354,10 @@ fn make_self_signed(cert: &Path, key: &Path) -> Result<(), TlsError> {
             .map_err(|e| file_err(key, e))?;
         f.sync_all().map_err(|e| file_err(key, e))?;
     }
-    std::fs::write(cert, made.cert.pem()).map_err(|e| file_err(cert, e))?;
+    // Whole or not there: a server starting meanwhile reads it once it exists.
+    let part = cert.with_extension("pem.part");
+    std::fs::write(&part, made.cert.pem()).map_err(|e| file_err(&part, e))?;
+    std::fs::rename(&part, cert).map_err(|e| file_err(cert, e))?;
     Ok(())
 }
 
@@ -386,6 +418,30 @@ mod tests {
         assert!(matches!(src.reload_at(now), Some(Reload::Gone)));
         assert!(src.reload_at(now).is_none());
         assert_eq!(src.fingerprint(), served);
+    }
+
+    /// Servers started together on one new state directory make one pair
+    /// (QA r43: one stopped with "key.pem: File exists"), and a key left
+    /// without its certificate by a generation cut short is made again.
+    #[test]
+    fn servers_started_together_make_one_self_signed_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (
+            dir.path().join("tls/cert.pem"),
+            dir.path().join("tls/key.pem"),
+        );
+        let made: Vec<String> = std::thread::scope(|s| {
+            let all: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| server_config(&cert, &key, true).map(|(_, fp, _)| fp)))
+                .collect();
+            all.into_iter()
+                .map(|t| t.join().unwrap().unwrap())
+                .collect()
+        });
+        assert!(made.iter().all(|f| *f == made[0]), "{made:?}");
+        std::fs::remove_file(&cert).unwrap();
+        let (_, again, _) = server_config(&cert, &key, true).unwrap();
+        assert_ne!(again, made[0], "a new pair");
     }
 
     #[test]

@@ -1715,21 +1715,7 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
     // Changed since the second: 4K blocks 256 (above) and 512-513.
     change(&img, &mut data, &[(2 * MIB + 10, 5000)], 43);
     let third = backup_image(&src_env, &img, &[]);
-    let third = third["snapshot_id"].as_str().unwrap();
-    let o = dst
-        .cmd(&["copy", "--from", &src_env.location, third])
-        .env("CAIRN_FROM_PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
-    let copy = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["copied_from"]["snapshot"] == third)
-        .unwrap_or_else(|| panic!("no copy of {third}: {all}"));
-    let info = &copy["image"];
+    let info = copied_image(&src_env, &dst, third["snapshot_id"].as_str().unwrap());
     assert_eq!(info["blocks_changed"], 3, "{info}");
     assert_eq!(info["blocks"], (data.len() as u64).div_ceil(4096));
     let shown = dst.ok(&["snapshots"]);
@@ -1737,21 +1723,8 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
     // Unchanged since: none changed, whether the copy cuts it again or takes
     // the content it cut for the third.
     let fourth = backup_image(&src_env, &img, &[]);
-    let fourth = fourth["snapshot_id"].as_str().unwrap();
-    let o = dst
-        .cmd(&["copy", "--from", &src_env.location, fourth])
-        .env("CAIRN_FROM_PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
-    let copy = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["copied_from"]["snapshot"] == fourth)
-        .unwrap_or_else(|| panic!("no copy of {fourth}: {all}"));
-    assert_eq!(copy["image"]["blocks_changed"], 0, "{}", copy["image"]);
+    let info = copied_image(&src_env, &dst, fourth["snapshot_id"].as_str().unwrap());
+    assert_eq!(info["blocks_changed"], 0, "{info}");
     dst.check_clean();
     // All four in one run: each is counted against the copy of its parent made
     // just before it, whose blobs the run's loaded index does not hold (QA r40:
@@ -1765,6 +1738,23 @@ fn copied_image_snapshots_stay_images_in_the_destination_block_size() {
     // The fourth is the third's tree again (nothing cut): its zero blocks are
     // the third's.
     assert_eq!(image_counts(&dst2, "blocks_zero"), [0, 256, 256, 256]);
+}
+
+/// `copy` of snapshot `id` of `src` into `dst`: the image record of the copy.
+fn copied_image(src: &Env, dst: &Env, id: &str) -> serde_json::Value {
+    let o = dst
+        .cmd(&["copy", "--from", &src.location, id])
+        .env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let all: serde_json::Value = serde_json::from_str(&dst.ok(&["snapshots", "--json"])).unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["copied_from"]["snapshot"] == id)
+        .unwrap_or_else(|| panic!("no copy of {id}: {all}"))["image"]
+        .clone()
 }
 
 /// A new repository of 4 KiB blocks holding a copy of every snapshot of `src`,

@@ -1320,8 +1320,13 @@ fn an_upload_the_server_stops_taking_is_given_up_after_the_silence() {
         took >= Duration::from_secs(25),
         "given up after {took:?}: {err}"
     );
+    // Given up by the upload's own watch, or by the kernel's TCP user timeout,
+    // which the client sets to the same silence (the unsent bytes of a frozen
+    // connection wait for an acknowledgement): whichever comes first on a
+    // loaded machine (CI: the kernel's, once).
     assert!(
-        err.contains("the upload made no progress, or the server did not answer it, for 30 s"),
+        err.contains("the upload made no progress, or the server did not answer it, for 30 s")
+            || err.contains("Connection timed out"),
         "{err}"
     );
     drop(srv);

@@ -412,6 +412,17 @@ mod tests {
         })
     }
 
+    /// Attempts a call makes while nothing answers, to the end.
+    fn unreachable_attempts(b: &RetryBackend) -> u32 {
+        let mut calls = 0;
+        let r = b.run(|_| {
+            calls += 1;
+            failing(BackendErrorKind::Unreachable)
+        });
+        assert!(r.is_err());
+        calls
+    }
+
     /// Nothing listening is retried briefly, however many attempts the policy allows.
     #[test]
     fn an_unreachable_address_is_given_up_quickly() {
@@ -432,16 +443,6 @@ mod tests {
     /// that never answered is given up quickly, riding or not.
     #[test]
     fn a_server_restarting_under_a_job_is_waited_for() {
-        // Attempts a call makes while nothing answers, to the end.
-        let unreachable_attempts = |b: &RetryBackend| {
-            let mut calls = 0;
-            let r = b.run(|_| {
-                calls += 1;
-                failing(BackendErrorKind::Unreachable)
-            });
-            assert!(r.is_err());
-            calls
-        };
         let b = RetryBackend::new(Arc::new(MemBackend::new()), quick()).riding_restarts();
         assert_eq!(
             unreachable_attempts(&b),
@@ -561,15 +562,7 @@ mod tests {
         )
         .riding_restarts();
         b.run(|_| Ok(())).unwrap();
-        let calls = |b: &RetryBackend| {
-            let mut calls = 0;
-            let r = b.run(|_| {
-                calls += 1;
-                failing(BackendErrorKind::Unreachable)
-            });
-            assert!(r.is_err());
-            calls
-        };
+        let calls = unreachable_attempts;
         let started = std::time::Instant::now();
         let bounded = within(Duration::from_millis(100), || calls(&b));
         assert!(started.elapsed() < Duration::from_millis(300));

@@ -799,20 +799,8 @@ fn an_unreadable_range_across_two_reads_is_said_once() {
     let env = Env::new();
     env.init(&["--block-size", "16K"]);
     let data = Rng(22).bytes(6 * MIB, false);
-    let mnt = env.path("faulty");
-    fs::create_dir(&mnt).unwrap();
     let bad = (4 * MIB as u64 - 20_000, 40_000u64);
-    let _session = faulty_mount(
-        &mnt,
-        Faulty {
-            data,
-            bad: (bad.0, bad.0 + bad.1),
-            grow_after: None,
-            reads: Default::default(),
-        },
-    );
-    let src = mnt.join("disk");
-    let e = env.fails(&["backup", "--image", src.to_str().unwrap()], 3);
+    let (snap, e) = backup_with_bad_range_said(&env, "faulty", data, (bad.0, bad.0 + bad.1));
     let (first, end) = (
         bad.0 / 16384 * 16384,
         (bad.0 + bad.1).div_ceil(16384) * 16384,
@@ -822,7 +810,6 @@ fn an_unreadable_range_across_two_reads_is_said_once() {
         e.contains(&format!("bytes {first}..{end} could not be read")),
         "{e}"
     );
-    let snap = env.snapshot_ids().pop().unwrap();
     let info = image_of(&env, &snap);
     assert_eq!(
         info["unreadable"],
@@ -1098,6 +1085,16 @@ fn image_fs_reads_through_unreadable_blocks_say_so() {
 /// An image backup (exit 3) of a FUSE file holding `data` (mounted at `dir`)
 /// whose bytes `bad` cannot be read; its snapshot id.
 fn backup_with_bad_range(env: &Env, dir: &str, data: Vec<u8>, bad: (u64, u64)) -> String {
+    backup_with_bad_range_said(env, dir, data, bad).0
+}
+
+/// [`backup_with_bad_range`]: the snapshot, and what the backup said on stderr.
+fn backup_with_bad_range_said(
+    env: &Env,
+    dir: &str,
+    data: Vec<u8>,
+    bad: (u64, u64),
+) -> (String, String) {
     let mnt = env.path(dir);
     fs::create_dir(&mnt).unwrap();
     let session = faulty_mount(
@@ -1109,12 +1106,12 @@ fn backup_with_bad_range(env: &Env, dir: &str, data: Vec<u8>, bad: (u64, u64)) -
             reads: Default::default(),
         },
     );
-    env.fails(
+    let said = env.fails(
         &["backup", "--image", mnt.join("disk").to_str().unwrap()],
         3,
     );
     drop(session);
-    env.snapshot_ids().pop().unwrap()
+    (env.snapshot_ids().pop().unwrap(), said)
 }
 
 /// An image backup (exit 3) of a FUSE file holding `data` that becomes `size`

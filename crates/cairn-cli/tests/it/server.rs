@@ -2357,35 +2357,24 @@ fn an_idle_connection_is_closed_and_a_busy_one_kept() {
                 .await
                 .unwrap()
         };
-        let health = || {
-            http::Request::get(format!("http://127.0.0.1:{port}/healthz"))
+        // `GET /healthz` on connection `c`, answered.
+        let healthy = |c: h2::client::SendRequest<bytes::Bytes>| async move {
+            let req = http::Request::get(format!("http://127.0.0.1:{port}/healthz"))
                 .body(())
-                .unwrap()
+                .unwrap();
+            let (resp, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+            assert_eq!(resp.await.unwrap().status().as_u16(), 200);
         };
         let (idle, idle_conn) = connect().await;
         let idle_conn = tokio::spawn(idle_conn);
-        let (resp, _) = idle
-            .clone()
-            .ready()
-            .await
-            .unwrap()
-            .send_request(health(), true)
-            .unwrap();
-        assert_eq!(resp.await.unwrap().status().as_u16(), 200);
+        healthy(idle.clone()).await;
         let asked = std::time::Instant::now();
         let (busy, busy_conn) = connect().await;
         let mut busy_conn = tokio::spawn(busy_conn);
         // The busy one asks every 2 s while the idle one waits to be closed.
         let keep_asking = async {
             loop {
-                let (resp, _) = busy
-                    .clone()
-                    .ready()
-                    .await
-                    .unwrap()
-                    .send_request(health(), true)
-                    .unwrap();
-                assert_eq!(resp.await.unwrap().status().as_u16(), 200);
+                healthy(busy.clone()).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         };

@@ -1409,14 +1409,12 @@ pub(crate) struct Content<'a> {
     pub(crate) zero_damaged: bool,
     /// What was given as zeros: bytes, and why the first such chunk was.
     pub(crate) damaged: Option<(u64, String)>,
-    /// A blob of a batch could not be read: the error, given once the blobs
-    /// before it in the batch are written (QA r37: a dump said it was cut short
-    /// after 0 bytes where the damage began at 294,912).
-    after_ready: Option<Error>,
-    /// A chunk list could not be read: the error, given once the chunks named
-    /// before it are written (QA r40: a damaged list of an image's 7th MiB held
-    /// back the 2 MiB before it).
-    list_error: Option<Error>,
+    /// A blob or a chunk list that could not be read: the error, given once
+    /// what comes before it is written, nothing after it asked for (QA r37: a
+    /// dump said it was cut short after 0 bytes where the damage began at
+    /// 294,912; QA r40: a damaged list of an image's 7th MiB held back the 2
+    /// MiB before it).
+    stopped: Option<Error>,
 }
 
 /// A piece of a file's content ready for the writer.
@@ -1452,8 +1450,7 @@ impl<'a> Content<'a> {
             ahead: None,
             zero_damaged: false,
             damaged: None,
-            after_ready: None,
-            list_error: None,
+            stopped: None,
         }
     }
 
@@ -1496,8 +1493,7 @@ impl<'a> Content<'a> {
             };
             if let Err(e) = listed {
                 // The chunks taken before it go first; nothing after it.
-                self.list_error = Some(e);
-                self.next_offset = self.reader.size();
+                self.stop(e);
                 return self.batch_from_ids();
             }
             if let Some(e) = lost {
@@ -1510,6 +1506,12 @@ impl<'a> Content<'a> {
             }
         }
         self.batch_from_ids()
+    }
+
+    /// Reads nothing past here: `e` is given once what came before is written.
+    fn stop(&mut self, e: Error) {
+        self.stopped = Some(e);
+        self.next_offset = self.reader.size();
     }
 
     /// Asks for the next batch of the chunks in `ids`; false when there are none.
@@ -1554,9 +1556,6 @@ impl<'a> Content<'a> {
     /// Reads the next blobs: keeps [`BATCHES_IN_FLIGHT`] batches asked for, so that
     /// the readers decode the next ones while the writer writes these.
     fn fill(&mut self) -> Result<()> {
-        if let Some(e) = self.after_ready.take() {
-            return Err(e);
-        }
         while self.batches.len() < BATCHES_IN_FLIGHT {
             if !self.start_batch()? {
                 break;
@@ -1569,7 +1568,7 @@ impl<'a> Content<'a> {
             read,
         }) = self.batches.pop_front()
         else {
-            return self.list_error.take().map_or(Ok(()), Err);
+            return self.stopped.take().map_or(Ok(()), Err);
         };
         let mut read = match read {
             Reads::Done(v) => v,
@@ -1626,18 +1625,25 @@ impl<'a> Content<'a> {
                         let pack = self.repo.index().pack_of(&loc).short();
                         what.push_str(&format!(" (in pack {pack})"));
                     }
-                    // The blobs before it are the file's bytes: written first.
-                    if self.ready.is_empty() {
-                        return Err(e);
-                    }
-                    self.after_ready = Some(e);
-                    return Ok(());
+                    // The blobs before it are the file's bytes: written first;
+                    // the batches after it are dropped.
+                    self.batches.clear();
+                    self.ids.clear();
+                    self.stop(e);
+                    break;
                 }
                 Ok(b) => b,
             };
             self.ready.push_back(Ready::Data(b));
         }
-        Ok(())
+        // Stopped with nothing before it left to write: said now.
+        match self.stopped.take() {
+            Some(e) if self.ready.is_empty() => Err(e),
+            stopped => {
+                self.stopped = stopped;
+                Ok(())
+            }
+        }
     }
 }
 

@@ -1389,9 +1389,9 @@ impl Ext2<'_> {
         take: usize,
         out: &mut dyn Write,
     ) -> Result<(), CopyError> {
-        let Err(whole) = self.read_at(at, buf) else {
+        if self.read_at(at, buf).is_ok() {
             return Ok(());
-        };
+        }
         let block = self.block as usize;
         for (i, piece) in buf.chunks_mut(block).enumerate() {
             if let Err(e) = self.read_at(at + (i * block) as u64, piece) {
@@ -1403,7 +1403,6 @@ impl Ext2<'_> {
         }
         // Each block read on its own (the failure did not come back): `buf`
         // holds them all.
-        let _ = whole;
         Ok(())
     }
 }
